@@ -1,0 +1,3 @@
+module github.com/rebatchproxy/rebatchproxy
+
+go 1.26
