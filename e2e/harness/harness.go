@@ -1,0 +1,256 @@
+// Package harness gives end-to-end tests a real Apache Pulsar broker and the means to check
+// what it stored.
+//
+// Contract:
+//   - A test binary calls Run from its TestMain. If PULSAR_SERVICE_URL and PULSAR_ADMIN_URL are
+//     set, Run uses that broker (it must already be ready); otherwise it starts one private
+//     standalone broker with e2e/pulsar/pulsar.sh on free loopback ports and stops it, wiping its
+//     data, when the tests end. Either way the broker's version is printed before any test runs.
+//   - A broker that cannot be reached or started fails the whole binary with a message saying
+//     why. Nothing here skips a test: an end-to-end test that cannot run must fail.
+//   - Tests that need a broker configured differently (de-duplication broker-wide, a small
+//     maxMessageSize, token authentication) call StartBroker for a private one.
+//
+// Every function here may be called from any goroutine; Broker values are read-only after start.
+package harness
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Broker is a running Pulsar broker as seen by a test.
+type Broker struct {
+	ServiceURL string // pulsar://host:port
+	AdminURL   string // http://host:port
+	Version    string // what /admin/v2/brokers/version answered
+	// AdminToken authenticates admin calls when the broker has token authentication on.
+	AdminToken string
+	// TokenSecretFile is the HS256 key of a broker started with token authentication.
+	TokenSecretFile string
+
+	instance string // pulsar.sh instance name; empty for a broker we did not start
+	env      []string
+	http     *http.Client
+}
+
+// Options configures a broker started by StartBroker or Run.
+type Options struct {
+	// Dedup turns on broker-wide de-duplication.
+	Dedup bool
+	// MaxMessageSize sets the broker's maxMessageSize; zero keeps Pulsar's 5 MiB default.
+	MaxMessageSize int
+	// TokenAuth turns on JWT (HS256) token authentication.
+	TokenAuth bool
+	// Instance names the broker's directory under .pulsar/run; empty picks a unique name.
+	Instance string
+}
+
+var (
+	defaultMu     sync.Mutex
+	defaultBroker *Broker
+)
+
+// Default returns the broker Run prepared for this test binary.
+func Default(t testing.TB) *Broker {
+	t.Helper()
+	defaultMu.Lock()
+	defer defaultMu.Unlock()
+	if defaultBroker == nil {
+		t.Fatal("harness: no broker; call harness.Run from TestMain")
+	}
+	return defaultBroker
+}
+
+// Run prepares the default broker, runs the tests and stops the broker if it started it.
+// Use it as: func TestMain(m *testing.M) { os.Exit(harness.Run(m, harness.Options{})) }
+func Run(m *testing.M, opts Options) int {
+	b, err := fromEnv()
+	if err == nil && b == nil {
+		b, err = StartBroker(opts)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: FAIL: no real Pulsar broker: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "e2e: Apache Pulsar %s at %s (admin %s)\n", b.Version, b.ServiceURL, b.AdminURL)
+	defaultMu.Lock()
+	defaultBroker = b
+	defaultMu.Unlock()
+	code := m.Run()
+	if err := b.Stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: stopping broker: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}
+
+// fromEnv returns the broker named by PULSAR_SERVICE_URL/PULSAR_ADMIN_URL, or nil if unset.
+func fromEnv() (*Broker, error) {
+	svc, adm := os.Getenv("PULSAR_SERVICE_URL"), os.Getenv("PULSAR_ADMIN_URL")
+	if svc == "" && adm == "" {
+		return nil, nil
+	}
+	if svc == "" || adm == "" {
+		return nil, fmt.Errorf("set both PULSAR_SERVICE_URL and PULSAR_ADMIN_URL, or neither")
+	}
+	b := &Broker{ServiceURL: svc, AdminURL: strings.TrimRight(adm, "/"), http: newHTTPClient()}
+	if f := os.Getenv("PULSAR_ADMIN_TOKEN_FILE"); f != "" {
+		tok, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("PULSAR_ADMIN_TOKEN_FILE: %w", err)
+		}
+		b.AdminToken = strings.TrimSpace(string(tok))
+	}
+	b.TokenSecretFile = os.Getenv("PULSAR_TOKEN_SECRET_FILE")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := b.WaitReady(ctx); err != nil {
+		return nil, fmt.Errorf("broker at %s is not ready: %w", adm, err)
+	}
+	v, err := b.get(ctx, "/admin/v2/brokers/version")
+	if err != nil {
+		return nil, fmt.Errorf("broker version: %w", err)
+	}
+	b.Version = strings.TrimSpace(string(v))
+	return b, nil
+}
+
+// RepoRoot returns the repository's top directory (the one holding go.mod).
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// script returns the path of e2e/pulsar/pulsar.sh.
+func script() string { return filepath.Join(RepoRoot(), "e2e", "pulsar", "pulsar.sh") }
+
+// StartBroker starts a private standalone broker on free loopback ports and waits until it is
+// ready. The caller must Stop it.
+func StartBroker(opts Options) (*Broker, error) {
+	brokerPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	webPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	inst := opts.Instance
+	if inst == "" {
+		inst = fmt.Sprintf("go-%d-%d", os.Getpid(), brokerPort)
+	}
+	env := append(os.Environ(),
+		"PULSAR_INSTANCE="+inst,
+		"PULSAR_BROKER_PORT="+strconv.Itoa(brokerPort),
+		"PULSAR_WEB_PORT="+strconv.Itoa(webPort),
+		"PULSAR_DEDUP="+strconv.FormatBool(opts.Dedup),
+	)
+	if opts.MaxMessageSize > 0 {
+		env = append(env, "PULSAR_MAX_MESSAGE_SIZE="+strconv.Itoa(opts.MaxMessageSize))
+	}
+	if opts.TokenAuth {
+		env = append(env, "PULSAR_AUTH=token")
+	} else {
+		env = append(env, "PULSAR_AUTH=none")
+	}
+	// pulsar.sh bounds its own waits (download 900 s, readiness 180 s); this is a backstop.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	start := exec.CommandContext(ctx, script(), "start")
+	start.Env = env
+	start.Stdout, start.Stderr = os.Stderr, os.Stderr
+	if err := start.Run(); err != nil {
+		return nil, fmt.Errorf("%s start: %w", script(), err)
+	}
+	b := &Broker{instance: inst, env: env, http: newHTTPClient()}
+	vars, err := b.scriptEnv(ctx)
+	if err != nil {
+		_ = b.Stop()
+		return nil, err
+	}
+	b.ServiceURL, b.AdminURL = vars["PULSAR_SERVICE_URL"], vars["PULSAR_ADMIN_URL"]
+	b.TokenSecretFile = vars["PULSAR_TOKEN_SECRET_FILE"]
+	if f := vars["PULSAR_ADMIN_TOKEN_FILE"]; f != "" {
+		tok, err := os.ReadFile(f)
+		if err != nil {
+			_ = b.Stop()
+			return nil, err
+		}
+		b.AdminToken = strings.TrimSpace(string(tok))
+	}
+	v, err := b.get(ctx, "/admin/v2/brokers/version")
+	if err != nil {
+		_ = b.Stop()
+		return nil, fmt.Errorf("broker version: %w", err)
+	}
+	b.Version = strings.TrimSpace(string(v))
+	return b, nil
+}
+
+func (b *Broker) scriptEnv(ctx context.Context) (map[string]string, error) {
+	cmd := exec.CommandContext(ctx, script(), "env")
+	cmd.Env = b.env
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s env: %w", script(), err)
+	}
+	vars := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
+			vars[k] = v
+		}
+	}
+	return vars, nil
+}
+
+// Stop stops a broker that StartBroker started and wipes its data; for a broker named by the
+// environment it does nothing.
+func (b *Broker) Stop() error {
+	if b.instance == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, script(), "stop")
+	cmd.Env = b.env
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	return cmd.Run()
+}
+
+// Token returns an HS256 token for subject, signed with the broker's secret key.
+func (b *Broker) Token(subject string) (string, error) {
+	if b.TokenSecretFile == "" {
+		return "", fmt.Errorf("broker %s has no token secret key", b.AdminURL)
+	}
+	key, err := os.ReadFile(b.TokenSecretFile)
+	if err != nil {
+		return "", err
+	}
+	return SignToken(key, subject), nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("finding a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
