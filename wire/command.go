@@ -1,0 +1,144 @@
+package wire
+
+import (
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rebatchproxy/rebatchproxy/wire/internal/pbscan"
+	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
+)
+
+// decodeOpts keeps proto2 required-field checks off: the proxy forwards
+// what a broker would accept and leaves rejecting to the broker.
+var decodeOpts = proto.UnmarshalOptions{AllowPartial: true}
+
+// encodeOpts likewise never fails on a missing required field, and keeps
+// map-free output deterministic.
+var encodeOpts = proto.MarshalOptions{AllowPartial: true, Deterministic: true}
+
+// DecodeCommand fully decodes the frame's BaseCommand into cmd, replacing
+// its contents. Fields unknown to pulsarpb are kept and re-encoded by
+// AppendCommandFrame. Use it only for the commands a policy must inspect;
+// forwarding needs Frame.Type alone.
+func DecodeCommand(f Frame, cmd *pulsarpb.BaseCommand) error {
+	if err := decodeOpts.Unmarshal(f.Command(), cmd); err != nil {
+		return ErrMalformedCommand
+	}
+	return nil
+}
+
+// Send holds the CommandSend fields the proxy routes and rewrites by.
+// Optional fields at their default value (zero, false, nil) are treated as
+// absent by AppendSendFrame.
+type Send struct {
+	ProducerID        uint64
+	SequenceID        uint64
+	NumMessages       int32 // 0 means absent, which the broker reads as 1
+	TxnIDLeastBits    uint64
+	TxnIDMostBits     uint64
+	HighestSequenceID uint64
+	IsChunk           bool
+	Marker            bool
+	// MessageID is the encoded MessageIdData used only when replicating
+	// to shadow topics; it aliases the frame's buffer.
+	MessageID []byte
+}
+
+// ParseSend reads the CommandSend of a SEND frame without allocating.
+// Fields it does not model are ignored. It returns ErrMalformedCommand when
+// the frame is not a SEND or the command is malformed.
+func ParseSend(f Frame) (Send, error) {
+	var s Send
+	if f.typ != pulsarpb.BaseCommand_SEND {
+		return s, ErrMalformedCommand
+	}
+	body, found, ok := pbscan.LastBytes(f.Command(), uint64(pulsarpb.BaseCommand_SEND))
+	if !ok || !found {
+		return s, ErrMalformedCommand
+	}
+	for i := 0; i < len(body); {
+		fl, n := pbscan.Next(body[i:])
+		if n == 0 {
+			return Send{}, ErrMalformedCommand
+		}
+		i += n
+		switch {
+		case fl.WireType == pbscan.Varint:
+			switch fl.Num {
+			case 1:
+				s.ProducerID = fl.V
+			case 2:
+				s.SequenceID = fl.V
+			case 3:
+				s.NumMessages = int32(fl.V)
+			case 4:
+				s.TxnIDLeastBits = fl.V
+			case 5:
+				s.TxnIDMostBits = fl.V
+			case 6:
+				s.HighestSequenceID = fl.V
+			case 7:
+				s.IsChunk = fl.V != 0
+			case 8:
+				s.Marker = fl.V != 0
+			}
+		case fl.WireType == pbscan.Bytes && fl.Num == 9:
+			s.MessageID = fl.B
+		}
+	}
+	return s, nil
+}
+
+// SendReceipt holds a CommandSendReceipt. HasMessageID is false for a
+// receipt without message_id.
+type SendReceipt struct {
+	ProducerID        uint64
+	SequenceID        uint64
+	HighestSequenceID uint64 // 0 means absent
+	HasMessageID      bool
+	LedgerID          uint64
+	EntryID           uint64
+}
+
+// ParseSendReceipt reads the CommandSendReceipt of a SEND_RECEIPT frame
+// without allocating. A broker acknowledges a de-duplicated send with
+// ledger and entry 0xFFFFFFFFFFFFFFFF (-1 as int64).
+func ParseSendReceipt(f Frame) (SendReceipt, error) {
+	var r SendReceipt
+	if f.typ != pulsarpb.BaseCommand_SEND_RECEIPT {
+		return r, ErrMalformedCommand
+	}
+	body, found, ok := pbscan.LastBytes(f.Command(), uint64(pulsarpb.BaseCommand_SEND_RECEIPT))
+	if !ok || !found {
+		return r, ErrMalformedCommand
+	}
+	for i := 0; i < len(body); {
+		fl, n := pbscan.Next(body[i:])
+		if n == 0 {
+			return SendReceipt{}, ErrMalformedCommand
+		}
+		i += n
+		switch {
+		case fl.WireType == pbscan.Varint && fl.Num == 1:
+			r.ProducerID = fl.V
+		case fl.WireType == pbscan.Varint && fl.Num == 2:
+			r.SequenceID = fl.V
+		case fl.WireType == pbscan.Varint && fl.Num == 4:
+			r.HighestSequenceID = fl.V
+		case fl.WireType == pbscan.Bytes && fl.Num == 3:
+			r.HasMessageID = true
+			for j := 0; j < len(fl.B); {
+				g, m := pbscan.Next(fl.B[j:])
+				if m == 0 {
+					return SendReceipt{}, ErrMalformedCommand
+				}
+				j += m
+				if g.WireType == pbscan.Varint && g.Num == 1 {
+					r.LedgerID = g.V
+				} else if g.WireType == pbscan.Varint && g.Num == 2 {
+					r.EntryID = g.V
+				}
+			}
+		}
+	}
+	return r, nil
+}

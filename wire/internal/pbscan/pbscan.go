@@ -1,0 +1,143 @@
+// Package pbscan reads protobuf wire format field by field without
+// allocating, for the few hot-path messages the proxy inspects without a
+// full decode (BaseCommand type, CommandSend, CommandSendReceipt,
+// SingleMessageMetadata). Everything else uses the generated code.
+//
+// The functions are pure and safe for concurrent use.
+package pbscan
+
+// Wire types used by Pulsar messages. Groups (3, 4) never occur and are
+// rejected as malformed.
+const (
+	Varint  = 0
+	Fixed64 = 1
+	Bytes   = 2
+	Fixed32 = 5
+)
+
+// Field is one decoded field. For Varint, Fixed64 and Fixed32 the value is
+// in V (fixed types little-endian as on the wire); for Bytes the contents
+// are in B, aliasing the input.
+type Field struct {
+	Num      uint64
+	WireType uint64
+	V        uint64
+	B        []byte
+}
+
+// Uvarint decodes a varint at the start of b. n is 0 when b is truncated
+// or the varint is longer than 10 bytes or overflows 64 bits.
+func Uvarint(b []byte) (v uint64, n int) {
+	// One-byte varints (tags, small ids) are the common case.
+	if len(b) > 0 && b[0] < 0x80 {
+		return uint64(b[0]), 1
+	}
+	var shift uint
+	for i := 0; i < len(b) && i < 10; i++ {
+		c := b[i]
+		if i == 9 && c > 1 {
+			return 0, 0
+		}
+		v |= uint64(c&0x7f) << shift
+		if c < 0x80 {
+			return v, i + 1
+		}
+		shift += 7
+	}
+	return 0, 0
+}
+
+// Next decodes the field at the start of b and returns the bytes it used,
+// or 0 when b is malformed (truncated, field number 0, group wire type).
+func Next(b []byte) (Field, int) {
+	key, n := Uvarint(b)
+	if n == 0 || key>>3 == 0 {
+		return Field{}, 0
+	}
+	f := Field{Num: key >> 3, WireType: key & 7}
+	switch f.WireType {
+	case Varint:
+		v, m := Uvarint(b[n:])
+		if m == 0 {
+			return Field{}, 0
+		}
+		f.V = v
+		return f, n + m
+	case Fixed64:
+		if len(b)-n < 8 {
+			return Field{}, 0
+		}
+		for i := 7; i >= 0; i-- {
+			f.V = f.V<<8 | uint64(b[n+i])
+		}
+		return f, n + 8
+	case Bytes:
+		l, m := Uvarint(b[n:])
+		if m == 0 || l > uint64(len(b)-n-m) {
+			return Field{}, 0
+		}
+		f.B = b[n+m : n+m+int(l)]
+		return f, n + m + int(l)
+	case Fixed32:
+		if len(b)-n < 4 {
+			return Field{}, 0
+		}
+		f.V = uint64(b[n]) | uint64(b[n+1])<<8 | uint64(b[n+2])<<16 | uint64(b[n+3])<<24
+		return f, n + 4
+	}
+	return Field{}, 0
+}
+
+// Valid reports whether msg is a well-formed sequence of top-level fields
+// (nested messages are not descended into).
+func Valid(msg []byte) bool {
+	for i := 0; i < len(msg); {
+		_, n := Next(msg[i:])
+		if n == 0 {
+			return false
+		}
+		i += n
+	}
+	return true
+}
+
+// LastBytes returns the last occurrence of length-delimited field num in
+// msg, which is what a decoder keeps for a non-repeated field. ok is false
+// when msg is malformed; found is false when the field is absent.
+func LastBytes(msg []byte, num uint64) (b []byte, found, ok bool) {
+	for i := 0; i < len(msg); {
+		f, n := Next(msg[i:])
+		if n == 0 {
+			return nil, false, false
+		}
+		i += n
+		if f.Num == num && f.WireType == Bytes {
+			b, found = f.B, true
+		}
+	}
+	return b, found, true
+}
+
+// AppendVarint appends v as a varint.
+func AppendVarint(dst []byte, v uint64) []byte {
+	for v >= 0x80 {
+		dst = append(dst, byte(v)|0x80)
+		v >>= 7
+	}
+	return append(dst, byte(v))
+}
+
+// AppendTag appends the key of field num with the given wire type.
+func AppendTag(dst []byte, num, wireType uint64) []byte {
+	return AppendVarint(dst, num<<3|wireType)
+}
+
+// VarintLen returns the encoded length of v.
+func VarintLen(v uint64) int {
+	n := 1
+	for v >= 0x80 {
+		v >>= 7
+		n++
+	}
+	return n
+}
