@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# test.sh: the project's whole test suite, against a real Apache Pulsar broker it starts itself.
+#
+#   e2e/test.sh                 vet, unit and end-to-end tests, then every fuzz target briefly
+#
+# Settings (environment):
+#   FUZZTIME             how long each fuzz target runs [5s]; 0 skips the fuzz pass
+#   GO_TEST_FLAGS        extra flags for go test (e.g. -run Smoke -v)
+#   TEST_BROKER_PORT / TEST_WEB_PORT   ports of the shared test broker [16750 / 18180]
+#
+# One broker (instance "test") serves every test package through PULSAR_SERVICE_URL and
+# PULSAR_ADMIN_URL; tests that need another configuration start a private one themselves.
+# The broker is stopped and its data wiped on exit, pass or fail.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+die() { echo "test.sh: $*" >&2; exit 2; }
+for tool in go java mvn python3 curl; do
+  command -v "$tool" >/dev/null 2>&1 || die "missing prerequisite: '$tool' is not on PATH"
+done
+
+echo "== go vet"
+go vet ./...
+unformatted=$(gofmt -l $(git ls-files '*.go' | grep -v '\.pb\.go$') 2>/dev/null || true)
+[ -z "$unformatted" ] || die "gofmt would change: $unformatted"
+
+if [ -x e2e/drivers/setup.sh ]; then
+  echo "== client drivers (Go, Java, Python)"
+  e2e/drivers/setup.sh
+fi
+
+export PULSAR_INSTANCE=test
+export PULSAR_BROKER_PORT=${TEST_BROKER_PORT:-16750}
+export PULSAR_WEB_PORT=${TEST_WEB_PORT:-18180}
+trap 'e2e/pulsar/pulsar.sh stop || true' EXIT
+echo "== real Apache Pulsar broker"
+e2e/pulsar/pulsar.sh start
+eval "$(e2e/pulsar/pulsar.sh env | sed 's/^/export /')"
+
+echo "== go test (unit and end to end, real broker at $PULSAR_SERVICE_URL)"
+# shellcheck disable=SC2086
+go test -count=1 -timeout 40m ${GO_TEST_FLAGS:-} ./...
+
+FUZZTIME=${FUZZTIME:-5s}
+if [ "$FUZZTIME" != 0 ]; then
+  echo "== fuzz targets, $FUZZTIME each"
+  git ls-files '*_test.go' | xargs grep -l '^func Fuzz' | while read -r f; do
+    pkg=./$(dirname "$f")
+    for target in $(grep -o '^func Fuzz[A-Za-z0-9_]*' "$f" | sed 's/^func //'); do
+      echo "-- $pkg $target"
+      go test -run='^$' -fuzz="^$target\$" -fuzztime="$FUZZTIME" "$pkg"
+    done
+  done
+fi
+echo "== all tests passed"
