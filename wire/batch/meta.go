@@ -1,0 +1,218 @@
+package batch
+
+import "github.com/rebatchproxy/rebatchproxy/wire/internal/pbscan"
+
+// SingleMeta is an allocation-free view of an encoded
+// SingleMessageMetadata: scalar fields are decoded, byte fields alias the
+// buffer, and properties are walked on demand. Booleans and integers read
+// as their proto default when absent; the Has* fields tell presence where
+// the routing code needs it.
+type SingleMeta struct {
+	raw                    []byte
+	PayloadSize            int32
+	PartitionKey           []byte
+	HasPartitionKey        bool
+	PartitionKeyB64Encoded bool
+	OrderingKey            []byte
+	HasOrderingKey         bool
+	EventTime              uint64
+	SequenceID             uint64
+	HasSequenceID          bool
+	CompactedOut           bool
+	NullValue              bool
+	NullPartitionKey       bool
+	NumProperties          int
+}
+
+// Field numbers of SingleMessageMetadata (see pulsar_api.proto).
+const (
+	smmProperties       = 1
+	smmPartitionKey     = 2
+	smmPayloadSize      = 3
+	smmCompactedOut     = 4
+	smmEventTime        = 5
+	smmPartitionKeyB64  = 6
+	smmOrderingKey      = 7
+	smmSequenceID       = 8
+	smmNullValue        = 9
+	smmNullPartitionKey = 10
+)
+
+// ParseSingleMeta decodes the fields of an encoded SingleMessageMetadata
+// without allocating. payload_size is required (the batch cannot be walked
+// without it); its absence or a malformed encoding is ErrMalformed.
+func ParseSingleMeta(b []byte) (SingleMeta, error) {
+	m := SingleMeta{raw: b}
+	hasSize := false
+	for i := 0; i < len(b); {
+		key, n := pbscan.Uvarint(b[i:])
+		if n == 0 || key>>3 == 0 {
+			return SingleMeta{}, ErrMalformed
+		}
+		i += n
+		num := key >> 3
+		switch key & 7 {
+		case 0:
+			v, n := pbscan.Uvarint(b[i:])
+			if n == 0 {
+				return SingleMeta{}, ErrMalformed
+			}
+			i += n
+			switch num {
+			case smmPayloadSize:
+				m.PayloadSize, hasSize = int32(v), true
+			case smmCompactedOut:
+				m.CompactedOut = v != 0
+			case smmEventTime:
+				m.EventTime = v
+			case smmPartitionKeyB64:
+				m.PartitionKeyB64Encoded = v != 0
+			case smmSequenceID:
+				m.SequenceID, m.HasSequenceID = v, true
+			case smmNullValue:
+				m.NullValue = v != 0
+			case smmNullPartitionKey:
+				m.NullPartitionKey = v != 0
+			}
+		case 2:
+			l, n := pbscan.Uvarint(b[i:])
+			if n == 0 || l > uint64(len(b)-i-n) {
+				return SingleMeta{}, ErrMalformed
+			}
+			v := b[i+n : i+n+int(l)]
+			i += n + int(l)
+			switch num {
+			case smmProperties:
+				m.NumProperties++
+			case smmPartitionKey:
+				m.PartitionKey, m.HasPartitionKey = v, true
+			case smmOrderingKey:
+				m.OrderingKey, m.HasOrderingKey = v, true
+			}
+		case 1:
+			if len(b)-i < 8 {
+				return SingleMeta{}, ErrMalformed
+			}
+			i += 8
+		case 5:
+			if len(b)-i < 4 {
+				return SingleMeta{}, ErrMalformed
+			}
+			i += 4
+		default:
+			return SingleMeta{}, ErrMalformed
+		}
+	}
+	if !hasSize {
+		return SingleMeta{}, ErrMalformed
+	}
+	return m, nil
+}
+
+// Key returns the key Key_Shared routing hashes for this message: the
+// ordering key when set, else the partition key (still base64 text when
+// PartitionKeyB64Encoded; decoding it is the caller's choice).
+func (m SingleMeta) Key() []byte {
+	if m.HasOrderingKey {
+		return m.OrderingKey
+	}
+	return m.PartitionKey
+}
+
+// Raw returns the encoded SingleMessageMetadata the view was parsed from.
+func (m SingleMeta) Raw() []byte { return m.raw }
+
+// Properties calls fn for each property in order until fn returns false.
+// The slices alias the buffer. A malformed property ends the walk early
+// with ErrMalformed.
+func (m SingleMeta) Properties(fn func(key, value []byte) bool) error {
+	b := m.raw
+	for i := 0; i < len(b); {
+		key, n := pbscan.Uvarint(b[i:])
+		if n == 0 {
+			return ErrMalformed
+		}
+		i += n
+		switch key & 7 {
+		case 0:
+			_, n := pbscan.Uvarint(b[i:])
+			i += n
+		case 1:
+			i += 8
+		case 5:
+			i += 4
+		case 2:
+			l, n := pbscan.Uvarint(b[i:])
+			v := b[i+n : i+n+int(l)]
+			i += n + int(l)
+			if key>>3 != smmProperties {
+				continue
+			}
+			k, val, ok := parseKeyValue(v)
+			if !ok {
+				return ErrMalformed
+			}
+			if !fn(k, val) {
+				return nil
+			}
+		}
+	}
+	return nil
+}
+
+// Property returns the value of the first property named key.
+func (m SingleMeta) Property(key string) (value []byte, ok bool) {
+	_ = m.Properties(func(k, v []byte) bool {
+		if string(k) == key {
+			value, ok = v, true
+			return false
+		}
+		return true
+	})
+	return value, ok
+}
+
+// parseKeyValue decodes a KeyValue message (key=1, value=2; both strings).
+func parseKeyValue(b []byte) (k, v []byte, ok bool) {
+	for i := 0; i < len(b); {
+		key, n := pbscan.Uvarint(b[i:])
+		if n == 0 {
+			return nil, nil, false
+		}
+		i += n
+		switch key & 7 {
+		case 2:
+			l, n := pbscan.Uvarint(b[i:])
+			if n == 0 || l > uint64(len(b)-i-n) {
+				return nil, nil, false
+			}
+			s := b[i+n : i+n+int(l)]
+			i += n + int(l)
+			switch key >> 3 {
+			case 1:
+				k = s
+			case 2:
+				v = s
+			}
+		case 0:
+			_, n := pbscan.Uvarint(b[i:])
+			if n == 0 {
+				return nil, nil, false
+			}
+			i += n
+		case 1:
+			if len(b)-i < 8 {
+				return nil, nil, false
+			}
+			i += 8
+		case 5:
+			if len(b)-i < 4 {
+				return nil, nil, false
+			}
+			i += 4
+		default:
+			return nil, nil, false
+		}
+	}
+	return k, v, true
+}

@@ -1,0 +1,83 @@
+package compression
+
+import (
+	"bytes"
+	"io"
+	"sync"
+
+	"github.com/klauspost/compress/zlib"
+)
+
+// Pulsar's ZLIB is java.util.zip.Deflater's default output: an RFC 1950
+// stream with the 2-byte header and the Adler-32 trailer.
+
+// appendWriter lets a zlib.Writer append straight into the caller's dst.
+type appendWriter struct{ b []byte }
+
+func (w *appendWriter) Write(p []byte) (int, error) {
+	w.b = append(w.b, p...)
+	return len(p), nil
+}
+
+type zlibWriter struct {
+	w   *zlib.Writer
+	out appendWriter
+}
+
+var zlibWriters = sync.Pool{New: func() any {
+	z := new(zlibWriter)
+	z.w = zlib.NewWriter(&z.out)
+	return z
+}}
+
+func compressZlib(dst, src []byte) ([]byte, error) {
+	z := zlibWriters.Get().(*zlibWriter)
+	defer zlibWriters.Put(z)
+	z.out.b = dst
+	z.w.Reset(&z.out)
+	_, err := z.w.Write(src)
+	if err == nil {
+		err = z.w.Close()
+	}
+	out := z.out.b
+	z.out.b = nil
+	if err != nil {
+		return dst, err
+	}
+	return out, nil
+}
+
+type zlibReader struct {
+	src bytes.Reader
+	r   io.ReadCloser
+}
+
+var zlibReaders sync.Pool
+
+func decompressZlib(region, src []byte) error {
+	z, _ := zlibReaders.Get().(*zlibReader)
+	if z == nil {
+		z = new(zlibReader)
+	}
+	defer zlibReaders.Put(z)
+	z.src.Reset(src)
+	if z.r == nil {
+		r, err := zlib.NewReader(&z.src)
+		if err != nil {
+			return ErrCorrupt
+		}
+		z.r = r
+	} else if err := z.r.(zlib.Resetter).Reset(&z.src, nil); err != nil {
+		return ErrCorrupt
+	}
+	if _, err := io.ReadFull(z.r, region); err != nil {
+		return ErrCorrupt
+	}
+	// Reading on to EOF both proves the stream is no longer than declared
+	// and makes the reader verify the Adler-32 trailer.
+	var one [1]byte
+	if n, err := z.r.Read(one[:]); n != 0 || err != io.EOF {
+		return ErrCorrupt
+	}
+	return nil
+}
