@@ -77,7 +77,7 @@ func FuzzFrameReader(f *testing.F) {
 func FuzzMetadataDecode(f *testing.F) {
 	full := &pulsarpb.MessageMetadata{
 		ProducerName: proto.String("p"), SequenceId: proto.Uint64(1), PublishTime: proto.Uint64(2),
-		Properties: []*pulsarpb.KeyValue{{Key: proto.String("k"), Value: proto.String("v")}},
+		Properties:   []*pulsarpb.KeyValue{{Key: proto.String("k"), Value: proto.String("v")}},
 		PartitionKey: proto.String("key"), NumMessagesInBatch: proto.Int32(3), OrderingKey: []byte{1},
 		EntryHashMin: proto.Uint32(1), EntryHashMax: proto.Uint32(2), CompactedBatchIndexes: []int32{1, 2},
 	}

@@ -1,0 +1,81 @@
+package pbscan
+
+import (
+	"bytes"
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+func TestUvarint(t *testing.T) {
+	tests := []struct {
+		in    []byte
+		v     uint64
+		n     int
+		valid bool
+	}{
+		{[]byte{0x00}, 0, 1, true},
+		{[]byte{0x7f}, 127, 1, true},
+		{[]byte{0x80, 0x01}, 128, 2, true},
+		{[]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, 1<<64 - 1, 10, true},
+		{[]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02}, 0, 0, false}, // overflow
+		{[]byte{0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x00}, 0, 0, false},
+		{[]byte{0x80}, 0, 0, false},
+		{nil, 0, 0, false},
+	}
+	for _, tc := range tests {
+		v, n := Uvarint(tc.in)
+		if v != tc.v || n != tc.n {
+			t.Errorf("Uvarint(%x) = %d, %d; want %d, %d", tc.in, v, n, tc.v, tc.n)
+		}
+		// Agree with the protobuf runtime on every valid input.
+		if tc.valid {
+			pv, pn := protowire.ConsumeVarint(tc.in)
+			if pv != v || pn != n {
+				t.Errorf("protowire disagrees on %x: %d, %d", tc.in, pv, pn)
+			}
+		}
+	}
+}
+
+func TestNextAndAppend(t *testing.T) {
+	var msg []byte
+	msg = AppendTag(msg, 1, Varint)
+	msg = AppendVarint(msg, 300)
+	msg = protowire.AppendTag(msg, 2, protowire.Fixed64Type)
+	msg = protowire.AppendFixed64(msg, 0x0102030405060708)
+	msg = protowire.AppendTag(msg, 3, protowire.BytesType)
+	msg = protowire.AppendBytes(msg, []byte("abc"))
+	msg = protowire.AppendTag(msg, 4, protowire.Fixed32Type)
+	msg = protowire.AppendFixed32(msg, 0x01020304)
+	msg = AppendTag(msg, 3, Bytes)
+	msg = AppendVarint(msg, 1)
+	msg = append(msg, 'z')
+
+	want := []Field{{1, Varint, 300, nil}, {2, Fixed64, 0x0102030405060708, nil}, {3, Bytes, 0, []byte("abc")}, {4, Fixed32, 0x01020304, nil}, {3, Bytes, 0, []byte("z")}}
+	i := 0
+	for _, w := range want {
+		f, n := Next(msg[i:])
+		if n == 0 || f.Num != w.Num || f.WireType != w.WireType || f.V != w.V || !bytes.Equal(f.B, w.B) {
+			t.Fatalf("field %+v, want %+v", f, w)
+		}
+		i += n
+	}
+	if i != len(msg) || !Valid(msg) {
+		t.Fatal("did not consume the message")
+	}
+	if b, found, ok := LastBytes(msg, 3); !ok || !found || string(b) != "z" {
+		t.Fatalf("LastBytes = %q %v %v", b, found, ok)
+	}
+	if _, found, ok := LastBytes(msg, 9); !ok || found {
+		t.Fatal("LastBytes found an absent field")
+	}
+	for _, bad := range [][]byte{{0x00}, {0x0b}, {0x1a, 0x05, 'a'}, {0x11, 1, 2}, {0x25, 1}, {0x08}} {
+		if Valid(bad) {
+			t.Errorf("Valid(%x)", bad)
+		}
+	}
+	if VarintLen(0) != 1 || VarintLen(127) != 1 || VarintLen(128) != 2 || VarintLen(1<<64-1) != 10 {
+		t.Fatal("VarintLen")
+	}
+}
