@@ -63,7 +63,7 @@ func TestFieldNumbers(t *testing.T) {
 		{"BaseCommand", "topic_migrated", 68, protoreflect.MessageKind, protoreflect.Optional},
 	}
 	for _, tc := range tests {
-		d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName("pulsar.proto." + tc.message))
+		d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName("rebatchproxy.pulsar." + tc.message))
 		if err != nil {
 			t.Fatalf("%s: %v", tc.message, err)
 		}

@@ -1,6 +1,8 @@
 // Package pulsarpb holds the Go types generated from pulsar_api.proto, this
-// project's own definition of the Pulsar binary protocol messages (proto2,
-// package pulsar.proto).
+// project's own definition of the Pulsar binary protocol messages (proto2).
+// Its protobuf package is rebatchproxy.pulsar rather than upstream's
+// pulsar.proto so that it can be linked beside pulsar-client-go, whose
+// generated code registers the upstream names; the wire format is the same.
 //
 // The generated code is committed. To change a message, edit
 // pulsar_api.proto and run

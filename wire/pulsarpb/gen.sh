@@ -47,9 +47,11 @@ fi
 # Build the generator at the version go.mod pins.
 (cd "$here" && go build -o "$cache/protoc-gen-go" google.golang.org/protobuf/cmd/protoc-gen-go)
 
-cd "$here"
+# Compile from the repository root so the file registers as
+# wire/pulsarpb/pulsar_api.proto, a path no other linked module uses.
+cd "$here/../.."
 "$protoc" --plugin=protoc-gen-go="$cache/protoc-gen-go" \
 	--proto_path=. \
 	--go_out=. --go_opt=paths=source_relative \
-	pulsar_api.proto
+	wire/pulsarpb/pulsar_api.proto
 echo "gen.sh: regenerated $(ls "$here"/*.pb.go) with libprotoc $("$protoc" --version | cut -d' ' -f2)" >&2
