@@ -3,6 +3,8 @@ package wire
 import (
 	"bytes"
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -31,6 +33,9 @@ func FuzzFrameReader(f *testing.F) {
 		f.Add(s, 0)
 	}
 	f.Add(bytes.Join(seeds, nil), 64)
+	for _, stream := range goldenStreams(f) {
+		f.Add(stream, 0)
+	}
 	f.Fuzz(func(t *testing.T, buf []byte, max int) {
 		for len(buf) > 0 {
 			fr, n, err := ReadFrame(buf, max)
@@ -85,6 +90,19 @@ func FuzzMetadataDecode(f *testing.F) {
 	f.Add(b)
 	f.Add([]byte{})
 	f.Add([]byte{0xc0, 0x02, 0x01}) // unknown field 40
+	// Every distinct metadata real clients and the broker produced.
+	for _, stream := range goldenStreams(f) {
+		for len(stream) > 0 {
+			fr, n, err := ReadFrame(stream, 0)
+			if err != nil {
+				break
+			}
+			if fr.HasPayload() {
+				f.Add(bytes.Clone(fr.Metadata()))
+			}
+			stream = stream[n:]
+		}
+	}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		var md pulsarpb.MessageMetadata
 		if DecodeMetadata(in, &md) != nil {
@@ -122,4 +140,21 @@ func FuzzMetadataDecode(f *testing.F) {
 			t.Fatalf("restamped frame: %v", err)
 		}
 	})
+}
+
+// goldenStreams returns the captured byte streams under testdata/golden
+// (small enough to be fuzz seeds).
+func goldenStreams(f *testing.F) [][]byte {
+	paths, _ := filepath.Glob(filepath.Join("testdata", "golden", "*", "*", "*.bin"))
+	var out [][]byte
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		if len(b) <= 64<<10 {
+			out = append(out, b)
+		}
+	}
+	return out
 }

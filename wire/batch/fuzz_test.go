@@ -2,10 +2,13 @@ package batch
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rebatchproxy/rebatchproxy/wire"
 	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
 )
 
@@ -17,6 +20,26 @@ func FuzzBatchSplit(f *testing.F) {
 	f.Add(benchBatch(f, 1, 0), 1)
 	f.Add([]byte{}, 0)
 	f.Add([]byte{0, 0, 0, 2, 0x18, 0x01, 'x'}, 1)
+	// Uncompressed batches captured from real clients.
+	paths, _ := filepath.Glob(filepath.Join("..", "testdata", "golden", "*", "*", "*.c2b.bin"))
+	for _, p := range paths {
+		stream, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		for len(stream) > 0 {
+			fr, n, err := wire.ReadFrame(stream, 0)
+			if err != nil {
+				f.Fatal(err)
+			}
+			var md pulsarpb.MessageMetadata
+			if fr.HasPayload() && wire.DecodeMetadata(fr.Metadata(), &md) == nil &&
+				md.NumMessagesInBatch != nil && md.GetCompression() == pulsarpb.CompressionType_NONE {
+				f.Add(bytes.Clone(fr.Payload()), int(md.GetNumMessagesInBatch()))
+			}
+			stream = stream[n:]
+		}
+	}
 	f.Fuzz(func(t *testing.T, buf []byte, n int) {
 		if n > 1<<16 {
 			n %= 1 << 16
