@@ -1,0 +1,258 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/rebatchproxy/rebatchproxy/proxy"
+)
+
+// options are the command's settings. Every option is a flag; the YAML file
+// uses the same names as keys, so one table documents both.
+type options struct {
+	config         string
+	listen         string
+	brokerURLs     listValue
+	allowedBrokers listValue
+	connectTimeout time.Duration
+	handshake      time.Duration
+	idle           time.Duration
+	drain          time.Duration
+	maxMessageSize byteSize
+	softLimit      byteSize
+	hardLimit      byteSize
+	maxLookups     int
+	eventLoops     int
+	readBuffer     byteSize
+	metricsListen  string
+	logLevel       string
+	logFormat      string
+	pprof          bool
+}
+
+// newFlagSet declares every option with its default and help text.
+func newFlagSet(o *options) *flag.FlagSet {
+	d := proxy.DefaultConfig()
+	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
+	fs.StringVar(&o.config, "config", "", "YAML config `file`; its keys are the flag names below. Flags given on the command line override it.")
+	fs.StringVar(&o.listen, "listen", d.Listen, "client-facing `host:port`")
+	fs.Var(&o.brokerURLs, "broker-url", "service URL of the Pulsar cluster, pulsar://host:port (required; repeat or comma-separate for several; lookup connections go to them round robin)")
+	fs.Var(&o.allowedBrokers, "allowed-brokers", "extra broker `host:port` targets a client may name in proxy_to_broker_url, besides the service URLs and brokers learned from lookups (repeat or comma-separate)")
+	fs.DurationVar(&o.connectTimeout, "connect-timeout", d.ConnectTimeout, "TCP connect timeout to a broker")
+	fs.DurationVar(&o.handshake, "handshake-timeout", d.HandshakeTimeout, "time allowed from accepting a client until the broker's CONNECTED is relayed")
+	fs.DurationVar(&o.idle, "idle-timeout", d.IdleTimeout, "close a connection pair after this long with no traffic either way (0 disables; clients ping every 30s)")
+	fs.DurationVar(&o.drain, "drain-timeout", d.DrainTimeout, "on SIGTERM/SIGINT, how long open connections may drain before they are closed")
+	o.maxMessageSize = byteSize(d.MaxMessageSize)
+	fs.Var(&o.maxMessageSize, "max-message-size", "frame limit until the broker's CONNECTED gives its own (frames may be this + 10KiB); sizes accept KiB/MiB/GiB suffixes")
+	o.softLimit = byteSize(d.SoftBufferLimit)
+	fs.Var(&o.softLimit, "soft-buffer-limit", "bytes queued towards a slow side after which the proxy stops reading frames from the other side")
+	o.hardLimit = byteSize(d.HardBufferLimit)
+	fs.Var(&o.hardLimit, "hard-buffer-limit", "bytes held for one direction after which the connection pair is closed with a logged reason (>= soft + max message size + 10KiB)")
+	fs.IntVar(&o.maxLookups, "max-concurrent-lookups", d.MaxConcurrentLookups, "LOOKUP and PARTITIONED_METADATA requests in flight at once; excess ones get TooManyRequests")
+	fs.IntVar(&o.eventLoops, "event-loops", d.EventLoops, "gnet event loops (0 = one per CPU)")
+	o.readBuffer = byteSize(d.ReadBufferCap)
+	fs.Var(&o.readBuffer, "read-buffer", "gnet read buffer per event loop")
+	fs.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:9650", "`host:port` serving /metrics, /healthz, /readyz (and /debug/pprof/ with --pprof); empty disables")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.logFormat, "log-format", "text", "text or json")
+	fs.BoolVar(&o.pprof, "pprof", false, "serve net/http/pprof under /debug/pprof/ on --metrics-listen")
+	return fs
+}
+
+// usageTail is printed after the flag list by --help.
+const usageTail = `
+Config file (--config): a YAML mapping whose keys are the flag names above,
+for example:
+
+  listen: 0.0.0.0:6650
+  broker-url: [pulsar://broker-1:6650, pulsar://broker-2:6650]
+  allowed-brokers: [broker-3:6650]
+  idle-timeout: 10m
+  hard-buffer-limit: 128MiB
+  metrics-listen: 0.0.0.0:9650
+  policies: []   # per-topic rebatching policies: reserved, must be empty
+
+An unknown key or a bad value stops the proxy at start with a message naming
+the key. Flags given on the command line override the file.
+`
+
+// parseArgs parses the command line and then the config file it names.
+func parseArgs(args []string) (*options, error) {
+	o := &options{}
+	fs := newFlagSet(o)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: proxy [flags]\n\nA transparent Pulsar-protocol proxy.\n\nFlags:\n")
+		fs.PrintDefaults()
+		fmt.Fprint(fs.Output(), usageTail)
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if o.config != "" {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		data, err := os.ReadFile(o.config)
+		if err != nil {
+			return nil, err
+		}
+		if err := applyFile(fs, set, data); err != nil {
+			return nil, fmt.Errorf("config %s: %w", o.config, err)
+		}
+	}
+	return o, nil
+}
+
+// applyFile sets every key of a YAML config through its flag, skipping keys
+// whose flag was given on the command line.
+func applyFile(fs *flag.FlagSet, cmdline map[string]bool, data []byte) error {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return err
+	}
+	if len(doc.Content) == 0 {
+		return nil // empty file
+	}
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		return errors.New("top level must be a mapping of option names to values")
+	}
+	seen := map[string]bool{}
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := root.Content[i], root.Content[i+1]
+		key := k.Value
+		if seen[key] {
+			return fmt.Errorf("line %d: key %q given twice", k.Line, key)
+		}
+		seen[key] = true
+		if key == "policies" {
+			if err := checkPolicies(v); err != nil {
+				return fmt.Errorf("line %d: key %q: %w", k.Line, key, err)
+			}
+			continue
+		}
+		if key == "config" || fs.Lookup(key) == nil {
+			return fmt.Errorf("line %d: unknown key %q (known: %s)", k.Line, key, strings.Join(knownKeys(fs), ", "))
+		}
+		if cmdline[key] {
+			continue
+		}
+		var vals []string
+		switch v.Kind {
+		case yaml.ScalarNode:
+			vals = []string{v.Value}
+		case yaml.SequenceNode:
+			if _, ok := fs.Lookup(key).Value.(*listValue); !ok {
+				return fmt.Errorf("line %d: key %q takes one value, not a list", k.Line, key)
+			}
+			for _, item := range v.Content {
+				if item.Kind != yaml.ScalarNode {
+					return fmt.Errorf("line %d: key %q: list items must be strings", item.Line, key)
+				}
+				vals = append(vals, item.Value)
+			}
+		default:
+			return fmt.Errorf("line %d: key %q: expected a value or a list", k.Line, key)
+		}
+		for _, s := range vals {
+			if err := fs.Set(key, s); err != nil {
+				return fmt.Errorf("line %d: key %q: %v", v.Line, key, err)
+			}
+		}
+	}
+	return nil
+}
+
+// checkPolicies accepts only an empty policies section: the rebatching
+// policies are not implemented by this version.
+func checkPolicies(v *yaml.Node) error {
+	empty := (v.Kind == yaml.ScalarNode && (v.Tag == "!!null" || v.Value == "")) ||
+		((v.Kind == yaml.SequenceNode || v.Kind == yaml.MappingNode) && len(v.Content) == 0)
+	if !empty {
+		return errors.New("per-topic policies are not supported yet (this proxy is passthrough only); leave it empty")
+	}
+	return nil
+}
+
+func knownKeys(fs *flag.FlagSet) []string {
+	var ks []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name != "config" {
+			ks = append(ks, f.Name)
+		}
+	})
+	ks = append(ks, "policies")
+	sort.Strings(ks)
+	return ks
+}
+
+// listValue is a repeatable, comma-separated string flag.
+type listValue []string
+
+func (l *listValue) String() string { return strings.Join(*l, ",") }
+
+// Set implements flag.Value.
+func (l *listValue) Set(s string) error {
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*l = append(*l, p)
+		}
+	}
+	return nil
+}
+
+// byteSize is a size flag accepting B, KiB, MiB, GiB (and KB, MB, GB as
+// powers of ten) suffixes.
+type byteSize int
+
+func (b *byteSize) String() string { return strconv.Itoa(int(*b)) }
+
+// Set implements flag.Value.
+func (b *byteSize) Set(s string) error {
+	s = strings.TrimSpace(s)
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}}
+	mult := int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 || n > (1<<40)/mult {
+		return fmt.Errorf("not a size: %q (use e.g. 65536, 512KiB, 4MiB)", s)
+	}
+	*b = byteSize(n * mult)
+	return nil
+}
+
+// proxyConfig turns the options into a proxy.Config (not yet validated).
+func (o *options) proxyConfig() (proxy.Config, error) {
+	c := proxy.DefaultConfig()
+	c.Listen = o.listen
+	for _, u := range o.brokerURLs {
+		a, err := proxy.BrokerAddress(u)
+		if err != nil {
+			return c, fmt.Errorf("broker-url: %q: %v", u, err)
+		}
+		c.Brokers = append(c.Brokers, a)
+	}
+	c.AllowedBrokers = append(c.AllowedBrokers, o.allowedBrokers...)
+	c.ConnectTimeout, c.HandshakeTimeout, c.IdleTimeout, c.DrainTimeout = o.connectTimeout, o.handshake, o.idle, o.drain
+	c.MaxMessageSize, c.SoftBufferLimit, c.HardBufferLimit = int(o.maxMessageSize), int(o.softLimit), int(o.hardLimit)
+	c.MaxConcurrentLookups, c.EventLoops, c.ReadBufferCap = o.maxLookups, o.eventLoops, int(o.readBuffer)
+	return c, c.Validate()
+}

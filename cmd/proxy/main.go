@@ -1,0 +1,123 @@
+// Command proxy runs the transparent Pulsar-protocol proxy: flags and a YAML
+// config file, logging, the metrics/health HTTP endpoint, signals. The
+// proxy itself lives in package proxy.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/rebatchproxy/rebatchproxy/proxy"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	o, err := parseArgs(args)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "proxy:", err)
+		return 2
+	}
+	log, err := newLogger(o.logLevel, o.logFormat)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "proxy:", err)
+		return 2
+	}
+	cfg, err := o.proxyConfig()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "proxy: config:", err)
+		return 2
+	}
+	cfg.Logger = log
+	srv, err := proxy.New(cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "proxy: config:", err)
+		return 2
+	}
+
+	if o.metricsListen != "" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(srv.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+			if !srv.Ready() {
+				http.Error(w, "not ready", http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ready")
+		})
+		if o.pprof {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		}
+		hs := &http.Server{Addr: o.metricsListen, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("metrics listener failed", "listen", o.metricsListen, "err", err)
+			}
+		}()
+		defer hs.Close()
+	}
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve() }()
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	select {
+	case err := <-served:
+		if err != nil {
+			log.Error("proxy stopped", "err", err)
+			return 1
+		}
+		return 0
+	case s := <-sig:
+		log.Info("signal received; draining", "signal", s.String(), "drain_timeout", cfg.DrainTimeout)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		log.Error("shutdown", "err", err)
+	}
+	<-served
+	log.Info("stopped")
+	return 0
+}
+
+func newLogger(level, format string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("log-level: %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("log-format: %q: want text or json", format)
+}

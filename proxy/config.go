@@ -1,0 +1,152 @@
+package proxy
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rebatchproxy/rebatchproxy/wire"
+)
+
+// Config is everything a Server needs. The zero value is not usable; start
+// from DefaultConfig. A Config is read-only once passed to New.
+type Config struct {
+	// Listen is the client-facing TCP address, host:port.
+	Listen string
+	// Brokers are the cluster's service addresses (host:port). A connection
+	// whose CONNECT names no proxy_to_broker_url (a lookup connection) goes
+	// to one of them, round robin, trying the next on a dial error.
+	Brokers []string
+	// AllowedBrokers are extra host:port targets a data connection may name
+	// in proxy_to_broker_url besides Brokers and the brokers learned from
+	// lookup answers (contract 6).
+	AllowedBrokers []string
+
+	// ConnectTimeout bounds the TCP dial to a broker.
+	ConnectTimeout time.Duration
+	// HandshakeTimeout bounds the time from accepting a client until the
+	// broker's CONNECTED has been relayed.
+	HandshakeTimeout time.Duration
+	// IdleTimeout closes a connection pair after no byte moved either way
+	// for this long; 0 disables it. Pulsar clients ping every 30 s.
+	IdleTimeout time.Duration
+
+	// MaxMessageSize bounds frames before the broker's CONNECTED tells the
+	// real limit (frames may be MaxMessageSize+10 KiB, as brokers allow).
+	MaxMessageSize int
+	// SoftBufferLimit: when the bytes queued towards one side exceed it,
+	// the proxy stops taking frames from the other side until they drain.
+	SoftBufferLimit int
+	// HardBufferLimit: when the bytes held for one direction (unread input
+	// plus queued output) exceed it, the pair is closed with a logged reason.
+	HardBufferLimit int
+	// MaxConcurrentLookups bounds LOOKUP and PARTITIONED_METADATA requests in
+	// flight across all connections; excess ones are answered with
+	// TooManyRequests, as Pulsar's proxy does.
+	MaxConcurrentLookups int
+	// DrainTimeout is how long Shutdown waits for connections to end.
+	DrainTimeout time.Duration
+
+	// EventLoops is the number of gnet event loops; 0 means one per CPU.
+	EventLoops int
+	// ReadBufferCap is gnet's per-loop read buffer size.
+	ReadBufferCap int
+
+	// Logger receives structured logs; nil means slog.Default().
+	Logger *slog.Logger
+	// ProducerPaths builds the producer-path handler of each connection;
+	// nil means Passthrough.
+	ProducerPaths ProducerPathFactory
+}
+
+// DefaultConfig returns the defaults documented by cmd/proxy --help.
+func DefaultConfig() Config {
+	return Config{
+		Listen:               "127.0.0.1:6650",
+		ConnectTimeout:       10 * time.Second,
+		HandshakeTimeout:     30 * time.Second,
+		IdleTimeout:          5 * time.Minute,
+		MaxMessageSize:       wire.DefaultMaxMessageSize,
+		SoftBufferLimit:      4 << 20,
+		HardBufferLimit:      64 << 20,
+		MaxConcurrentLookups: 1024,
+		DrainTimeout:         30 * time.Second,
+		ReadBufferCap:        256 << 10,
+	}
+}
+
+// Validate reports the first invalid field, naming it by its config key.
+func (c *Config) Validate() error {
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return fmt.Errorf("listen: %q: %v", c.Listen, err)
+	}
+	if len(c.Brokers) == 0 {
+		return fmt.Errorf("broker-url: at least one broker service URL is required")
+	}
+	for _, b := range c.Brokers {
+		if _, _, err := net.SplitHostPort(b); err != nil {
+			return fmt.Errorf("broker-url: %q: %v", b, err)
+		}
+	}
+	for _, b := range c.AllowedBrokers {
+		if _, _, err := net.SplitHostPort(b); err != nil {
+			return fmt.Errorf("allowed-brokers: %q: %v", b, err)
+		}
+	}
+	switch {
+	case c.ConnectTimeout <= 0:
+		return fmt.Errorf("connect-timeout: must be > 0")
+	case c.HandshakeTimeout <= 0:
+		return fmt.Errorf("handshake-timeout: must be > 0")
+	case c.IdleTimeout < 0:
+		return fmt.Errorf("idle-timeout: must be >= 0")
+	case c.MaxMessageSize <= 0:
+		return fmt.Errorf("max-message-size: must be > 0")
+	case c.SoftBufferLimit <= 0:
+		return fmt.Errorf("soft-buffer-limit: must be > 0")
+	case c.HardBufferLimit < c.SoftBufferLimit+wire.MaxFrameLen(c.MaxMessageSize):
+		return fmt.Errorf("hard-buffer-limit: must be at least soft-buffer-limit + max-message-size + 10 KiB (%d)",
+			c.SoftBufferLimit+wire.MaxFrameLen(c.MaxMessageSize))
+	case c.MaxConcurrentLookups <= 0:
+		return fmt.Errorf("max-concurrent-lookups: must be > 0")
+	case c.DrainTimeout < 0:
+		return fmt.Errorf("drain-timeout: must be >= 0")
+	case c.EventLoops < 0:
+		return fmt.Errorf("event-loops: must be >= 0")
+	case c.ReadBufferCap <= 0:
+		return fmt.Errorf("read-buffer: must be > 0")
+	}
+	return nil
+}
+
+// BrokerAddress turns a Pulsar service URL ("pulsar://host:port", or a
+// bare host:port) into host:port. The port defaults to 6650. TLS URLs are
+// refused: gnet has no TLS, so the proxy speaks plaintext to brokers.
+func BrokerAddress(serviceURL string) (string, error) {
+	s := strings.TrimSpace(serviceURL)
+	if !strings.Contains(s, "://") {
+		s = "pulsar://" + s
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return "", err
+	}
+	if u.Scheme != "pulsar" {
+		return "", fmt.Errorf("scheme %q not supported (plaintext pulsar:// only)", u.Scheme)
+	}
+	host, port := u.Hostname(), u.Port()
+	if host == "" {
+		return "", fmt.Errorf("%q has no host", serviceURL)
+	}
+	if port == "" {
+		port = "6650"
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return "", fmt.Errorf("%q: bad port", serviceURL)
+	}
+	return net.JoinHostPort(host, port), nil
+}

@@ -1,0 +1,80 @@
+// Package proxy is the transparent Pulsar-protocol proxy: gnet event
+// handlers, the per-connection state machine, discovery rewriting and
+// forwarding. The re-batching engine plugs in through ProducerPath.
+//
+// # Design
+//
+// Every client connection gets its own broker connection, enrolled on the
+// client's gnet event loop (EventLoop.Enroll with a net.Conn dialled, with
+// the connect timeout, on a short-lived goroutine; gnet's Register would
+// dial without a timeout). Both conns of a pair are therefore served by the
+// same goroutine and forwarding is a plain Write, lock-free.
+//
+// The proxy forwards the client's own CONNECT (with proxy_to_broker_url
+// removed) to the broker, so the broker authenticates the client itself:
+// auth method and data, AUTH_CHALLENGE and AUTH_RESPONSE, errors and the
+// broker's CONNECTED (max_message_size, feature flags, protocol version)
+// pass through untouched. The broker sees an ordinary client; no proxy
+// role, original_principal or proxy credentials are involved. Apache
+// Pulsar's proxy instead authenticates clients itself and connects as a
+// proxy role; that needs broker configuration this design does not.
+//
+// # Contracts
+//
+//  1. Discovery. A CONNECT without proxy_to_broker_url is a lookup
+//     connection and goes to a configured service broker (round robin,
+//     next one on a dial error). The only frame the proxy rewrites is
+//     LOOKUP_RESPONSE: answers of type Connect and Redirect get
+//     proxy_through_service_url=true, so clients come back to the proxy
+//     and name the broker in proxy_to_broker_url, and the broker address
+//     is learned as allowed. Redirects are relayed, not followed: the Go
+//     client follows them through the proxy (it sends the next lookup with
+//     proxy_to_broker_url naming the redirect target); see README.md for
+//     the consequence for Java clients on multi-broker clusters.
+//     PARTITIONED_METADATA, GET_TOPICS_OF_NAMESPACE, GET_SCHEMA and
+//     GET_OR_CREATE_SCHEMA are forwarded unchanged, and so are their
+//     answers.
+//  2. No open relay (DESIGN contract 6). A proxy_to_broker_url that is not
+//     a configured service broker, an allowed broker, or a broker learned
+//     from a lookup answer is answered with
+//     ERROR(ServiceNotReady, "Target broker cannot be validated.") and the
+//     connection is closed, as Pulsar's proxy does. Learned addresses are
+//     bounded (oldest forgotten first).
+//  3. Transparency. Every frame but LOOKUP_RESPONSE is forwarded as its
+//     original bytes, in order, both ways; contiguous frames go out in one
+//     write. The proxy never sends a client a command type the client did
+//     not ask for: its own frames are ERROR answering CONNECT, and
+//     LOOKUP_RESPONSE / PARTITIONED_METADATA_RESPONSE answering a request
+//     refused by the concurrency bound (TooManyRequests).
+//  4. Protocol checks. The first frame must be CONNECT; until CONNECTED
+//     only AUTH_RESPONSE may follow from the client, and only CONNECTED,
+//     AUTH_CHALLENGE or ERROR may come from the broker; a second CONNECT,
+//     or a command only brokers send arriving from the client, is out of
+//     order. Frames over max_message_size+10 KiB (the configured size until
+//     the broker's CONNECTED gives its own), corrupt frames and a peer
+//     closing mid-frame end the pair with a logged reason (errors.go). One
+//     bad connection never affects another.
+//  5. Bounded memory (DESIGN contract 7). gnet cannot pause reading, so when
+//     the bytes queued towards one side exceed SoftBufferLimit the proxy
+//     stops taking frames from the other side (they stay in gnet's inbound
+//     buffer) and resumes from the ticker once the queue is below half the
+//     limit; when a direction holds more than HardBufferLimit the pair is
+//     closed with ErrBufferLimit. Pulsar's own flow control (producer
+//     pending limits, consumer permits) keeps well-behaved clients far below.
+//  6. Timeouts. Broker dial: ConnectTimeout. Accept to CONNECTED relayed:
+//     HandshakeTimeout. No traffic either way: IdleTimeout. gnet has no
+//     deadlines; OnTick checks a coarse clock and asks the loop to close.
+//     Closing either side closes the other after flushing what was queued.
+//  7. Hot path. Per forwarded frame: the wire.ReadFrame header walk, a type
+//     switch and two atomic counter adds; no allocation, no decode. Only
+//     CONNECT, CONNECTED, LOOKUP_RESPONSE, PRODUCER, SUBSCRIBE and
+//     SEND_ERROR are decoded (rare frames, for routing and logs).
+//
+// # Goroutines
+//
+// Server methods say which goroutine may call them. A session is owned by
+// its client's event loop; the ticker goroutine reads only its atomic
+// fields and hands work to the loop with EventLoop.Execute. The dial
+// goroutine writes brokerAddr before Enroll, which publishes it to the
+// loop. ProducerPath methods run on the loop.
+package proxy

@@ -1,0 +1,203 @@
+package proxy
+
+import (
+	"errors"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rebatchproxy/rebatchproxy/wire"
+	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
+)
+
+// direction of a frame through the proxy.
+type direction uint8
+
+const (
+	toBroker direction = iota // client -> broker
+	toClient                  // broker -> client
+)
+
+func (d direction) String() string {
+	if d == toBroker {
+		return "client_to_broker"
+	}
+	return "broker_to_client"
+}
+
+// maxCommandType bounds the per-command counters; types above it (none
+// today, 81 is the highest assigned) are counted under "OTHER".
+const maxCommandType = 127
+
+// counterShards spreads hot counters over several cache lines so that event
+// loops counting frames of different connections rarely share one.
+const counterShards = 8
+
+type frameCounters struct {
+	frames [2][maxCommandType + 1]atomic.Uint64
+	bytes  [2][maxCommandType + 1]atomic.Uint64
+}
+
+// closeReason labels of rebatchproxy_closes_total, in a fixed order.
+var closeReasons = [...]string{
+	"client_closed", "broker_closed", "out_of_order", "target_refused",
+	"broker_unreachable", "handshake_timeout", "idle_timeout", "buffer_limit",
+	"truncated", "frame_too_large", "corrupt_frame", "shutdown", "broker_error",
+}
+
+const (
+	reasonClientClosed = iota
+	reasonBrokerClosed
+	reasonOutOfOrder
+	reasonTargetRefused
+	reasonBrokerUnreachable
+	reasonHandshakeTimeout
+	reasonIdleTimeout
+	reasonBufferLimit
+	reasonTruncated
+	reasonFrameTooLarge
+	reasonCorruptFrame
+	reasonShutdown
+	reasonBrokerError
+)
+
+// reasonIndex maps a close error to its label.
+func reasonIndex(err error) int {
+	switch {
+	case errors.Is(err, ErrOutOfOrder):
+		return reasonOutOfOrder
+	case errors.Is(err, ErrTargetRefused):
+		return reasonTargetRefused
+	case errors.Is(err, ErrBrokerUnreachable):
+		return reasonBrokerUnreachable
+	case errors.Is(err, ErrHandshakeTimeout):
+		return reasonHandshakeTimeout
+	case errors.Is(err, ErrIdleTimeout):
+		return reasonIdleTimeout
+	case errors.Is(err, ErrBufferLimit):
+		return reasonBufferLimit
+	case errors.Is(err, ErrTruncated):
+		return reasonTruncated
+	case errors.Is(err, wire.ErrFrameTooLarge):
+		return reasonFrameTooLarge
+	case errors.Is(err, wire.ErrCorruptFrame), errors.Is(err, wire.ErrMalformedCommand):
+		return reasonCorruptFrame
+	case errors.Is(err, ErrShutdown):
+		return reasonShutdown
+	}
+	return reasonBrokerError
+}
+
+// lookup result labels of rebatchproxy_lookups_total.
+const (
+	lookupConnect = iota
+	lookupRedirect
+	lookupFailed
+	lookupThrottled
+	lookupPartitionedMetadata
+)
+
+var lookupResults = [...]string{"connect", "redirect", "failed", "throttled", "partitioned_metadata"}
+
+// metrics holds every counter of a Server. All fields are updated with
+// atomics from event loops and read by Collect on the HTTP goroutine.
+type metrics struct {
+	shards         [counterShards]frameCounters
+	connsOpen      [2]atomic.Int64 // by side: 0 client, 1 broker
+	connsTotal     [2]atomic.Uint64
+	closes         [len(closeReasons)]atomic.Uint64
+	lookups        [len(lookupResults)]atomic.Uint64
+	lookupsFlight  atomic.Int64
+	pauses         [2]atomic.Uint64
+	knownBrokers   func() int
+	descConnsOpen  *prometheus.Desc
+	descConnsTotal *prometheus.Desc
+	descFrames     *prometheus.Desc
+	descBytes      *prometheus.Desc
+	descCloses     *prometheus.Desc
+	descLookups    *prometheus.Desc
+	descFlight     *prometheus.Desc
+	descPauses     *prometheus.Desc
+	descKnown      *prometheus.Desc
+}
+
+func newMetrics() *metrics {
+	return &metrics{
+		descConnsOpen: prometheus.NewDesc("rebatchproxy_connections_open",
+			"Open connections by side (client or broker).", []string{"side"}, nil),
+		descConnsTotal: prometheus.NewDesc("rebatchproxy_connections_total",
+			"Connections opened by side (client or broker).", []string{"side"}, nil),
+		descFrames: prometheus.NewDesc("rebatchproxy_frames_total",
+			"Frames forwarded or answered, by direction and command type.", []string{"direction", "command"}, nil),
+		descBytes: prometheus.NewDesc("rebatchproxy_bytes_total",
+			"Frame bytes (size prefix included), by direction and command type.", []string{"direction", "command"}, nil),
+		descCloses: prometheus.NewDesc("rebatchproxy_closes_total",
+			"Connection pairs closed, by reason; every reason but client_closed and broker_closed is an error.", []string{"reason"}, nil),
+		descLookups: prometheus.NewDesc("rebatchproxy_lookups_total",
+			"Lookup answers relayed (connect, redirect, failed), lookups refused for concurrency (throttled), partitioned-metadata answers.", []string{"result"}, nil),
+		descFlight: prometheus.NewDesc("rebatchproxy_lookups_inflight",
+			"LOOKUP and PARTITIONED_METADATA requests awaiting a broker answer.", nil, nil),
+		descPauses: prometheus.NewDesc("rebatchproxy_backpressure_pauses_total",
+			"Times forwarding in a direction paused because the receiving side was slow.", []string{"direction"}, nil),
+		descKnown: prometheus.NewDesc("rebatchproxy_known_brokers",
+			"Broker addresses a data connection may target (configured plus learned).", nil, nil),
+	}
+}
+
+// countFrame records one frame. Called on event loops; allocation-free.
+func (m *metrics) countFrame(shard uint32, d direction, t pulsarpb.BaseCommand_Type, n int) {
+	i := int(t)
+	if i < 0 || i > maxCommandType {
+		i = 0
+	}
+	s := &m.shards[shard%counterShards]
+	s.frames[d][i].Add(1)
+	s.bytes[d][i].Add(uint64(n))
+}
+
+// Describe implements prometheus.Collector.
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{m.descConnsOpen, m.descConnsTotal, m.descFrames, m.descBytes,
+		m.descCloses, m.descLookups, m.descFlight, m.descPauses, m.descKnown} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector. Series of command types never
+// seen are omitted.
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	sides := [2]string{"client", "broker"}
+	for i, s := range sides {
+		ch <- prometheus.MustNewConstMetric(m.descConnsOpen, prometheus.GaugeValue, float64(m.connsOpen[i].Load()), s)
+		ch <- prometheus.MustNewConstMetric(m.descConnsTotal, prometheus.CounterValue, float64(m.connsTotal[i].Load()), s)
+	}
+	for d := toBroker; d <= toClient; d++ {
+		for t := 0; t <= maxCommandType; t++ {
+			var frames, bytes uint64
+			for s := range m.shards {
+				frames += m.shards[s].frames[d][t].Load()
+				bytes += m.shards[s].bytes[d][t].Load()
+			}
+			if frames == 0 {
+				continue
+			}
+			name := "OTHER"
+			if t != 0 {
+				name = pulsarpb.BaseCommand_Type(t).String()
+			}
+			ch <- prometheus.MustNewConstMetric(m.descFrames, prometheus.CounterValue, float64(frames), d.String(), name)
+			ch <- prometheus.MustNewConstMetric(m.descBytes, prometheus.CounterValue, float64(bytes), d.String(), name)
+		}
+		ch <- prometheus.MustNewConstMetric(m.descPauses, prometheus.CounterValue, float64(m.pauses[d].Load()), d.String())
+	}
+	for i, r := range closeReasons {
+		ch <- prometheus.MustNewConstMetric(m.descCloses, prometheus.CounterValue, float64(m.closes[i].Load()), r)
+	}
+	for i, r := range lookupResults {
+		ch <- prometheus.MustNewConstMetric(m.descLookups, prometheus.CounterValue, float64(m.lookups[i].Load()), r)
+	}
+	ch <- prometheus.MustNewConstMetric(m.descFlight, prometheus.GaugeValue, float64(m.lookupsFlight.Load()))
+	if m.knownBrokers != nil {
+		ch <- prometheus.MustNewConstMetric(m.descKnown, prometheus.GaugeValue, float64(m.knownBrokers()))
+	}
+}

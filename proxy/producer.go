@@ -1,0 +1,84 @@
+package proxy
+
+import (
+	"github.com/rebatchproxy/rebatchproxy/wire"
+	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
+)
+
+// Verdict tells the connection what to do with a frame a ProducerPath saw.
+type Verdict uint8
+
+const (
+	// Forward sends the frame's original bytes on, unchanged.
+	Forward Verdict = iota
+	// Consumed means the ProducerPath took care of the frame (it may have
+	// written other frames through Outputs); the original is dropped.
+	Consumed
+)
+
+// Outputs lets a ProducerPath write frames in the middle of the stream.
+// Frames the connection already accepted for forwarding are written first,
+// so order is kept. Methods may be called only during the ProducerPath call
+// that received the Outputs, on the connection's event loop; b is copied
+// before they return.
+type Outputs interface {
+	ToBroker(b []byte)
+	ToClient(b []byte)
+}
+
+// ProducerPath sees the producer-side frames of one client connection:
+// PRODUCER, SEND and CLOSE_PRODUCER from the client, and PRODUCER_SUCCESS,
+// SEND_RECEIPT, SEND_ERROR and CLOSE_PRODUCER from the broker. Every other
+// frame bypasses it. It is the seam where the re-batching engine plugs in.
+//
+// Its methods run on the connection's event loop, one at a time, in stream
+// order per direction; they must not block. The frame's bytes alias the
+// connection's read buffer and are valid only during the call.
+type ProducerPath interface {
+	// FromClient handles a producer frame sent by the client.
+	FromClient(f wire.Frame, out Outputs) (Verdict, error)
+	// FromBroker handles a producer frame sent by the broker.
+	FromBroker(f wire.Frame, out Outputs) (Verdict, error)
+	// Close is called once when the connection pair closes.
+	Close()
+}
+
+// ConnInfo describes a connection to a ProducerPathFactory.
+type ConnInfo struct {
+	ID         uint64 // proxy-wide connection id, as logged
+	ClientAddr string
+	BrokerAddr string
+	// MaxMessageSize is the broker's limit from CONNECTED (or the default).
+	MaxMessageSize int
+}
+
+// ProducerPathFactory builds the ProducerPath of a connection once its
+// broker handshake is done. It is called on the connection's event loop.
+type ProducerPathFactory func(ConnInfo) ProducerPath
+
+// Passthrough is the ProducerPath of the transparent proxy: every frame is
+// forwarded unchanged.
+type Passthrough struct{}
+
+// FromClient implements ProducerPath; it forwards every frame.
+func (Passthrough) FromClient(wire.Frame, Outputs) (Verdict, error) { return Forward, nil }
+
+// FromBroker implements ProducerPath; it forwards every frame.
+func (Passthrough) FromBroker(wire.Frame, Outputs) (Verdict, error) { return Forward, nil }
+
+// Close implements ProducerPath.
+func (Passthrough) Close() {}
+
+// isProducerFrame reports whether frames of type t travelling in direction
+// d go through the ProducerPath.
+func isProducerFrame(d direction, t pulsarpb.BaseCommand_Type) bool {
+	switch t {
+	case pulsarpb.BaseCommand_PRODUCER, pulsarpb.BaseCommand_SEND:
+		return d == toBroker
+	case pulsarpb.BaseCommand_CLOSE_PRODUCER:
+		return true
+	case pulsarpb.BaseCommand_PRODUCER_SUCCESS, pulsarpb.BaseCommand_SEND_RECEIPT, pulsarpb.BaseCommand_SEND_ERROR:
+		return d == toClient
+	}
+	return false
+}

@@ -1,0 +1,261 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"github.com/panjf2000/gnet/v2/pkg/logging"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+)
+
+// Server is the proxy: one gnet engine serving clients, with each client's
+// broker connection enrolled on the client's event loop.
+//
+// Goroutines: New, Serve, Shutdown, Addr, Ready, Collector and Draining may
+// be called from any goroutine. The gnet callbacks (OnBoot, OnOpen,
+// OnTraffic, OnClose) run on event loops and are called only by gnet;
+// OnTick runs on gnet's ticker goroutine and touches sessions only through
+// atomics and EventLoop.Execute.
+type Server struct {
+	gnet.BuiltinEventEngine
+
+	cfg   Config
+	log   *slog.Logger
+	m     *metrics
+	known *knownBrokers
+
+	eng      gnet.Engine
+	engMu    sync.Mutex
+	booted   chan struct{}
+	draining atomic.Bool
+
+	sessions  sync.Map // *session -> struct{}
+	nsessions atomic.Int64
+	nextID    atomic.Uint64
+	now       atomic.Int64 // coarse clock (unix ns), refreshed by OnTick
+	npaused   atomic.Int64 // sessions with a paused direction
+}
+
+// tickInterval is how often timeouts are checked; pausedTick is used while
+// some connection waits for its peer's output to drain.
+const (
+	tickInterval = 100 * time.Millisecond
+	pausedTick   = 2 * time.Millisecond
+)
+
+// New checks cfg and returns a Server that is not yet serving.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.ProducerPaths == nil {
+		cfg.ProducerPaths = func(ConnInfo) ProducerPath { return Passthrough{} }
+	}
+	s := &Server{
+		cfg:    cfg,
+		log:    cfg.Logger,
+		m:      newMetrics(),
+		known:  newKnownBrokers(cfg.Brokers, cfg.AllowedBrokers),
+		booted: make(chan struct{}),
+	}
+	s.m.knownBrokers = s.known.count
+	s.now.Store(time.Now().UnixNano())
+	return s, nil
+}
+
+// Collector returns the Prometheus collector of the server's metrics.
+func (s *Server) Collector() prometheus.Collector { return s.m }
+
+// Serve runs the engine until Shutdown; it blocks. Call it once.
+func (s *Server) Serve() error {
+	loops := s.cfg.EventLoops
+	opts := []gnet.Option{
+		gnet.WithTicker(true),
+		gnet.WithReadBufferCap(s.cfg.ReadBufferCap),
+		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
+		gnet.WithLogLevel(logging.WarnLevel),
+	}
+	if loops > 0 {
+		opts = append(opts, gnet.WithNumEventLoop(loops))
+	} else {
+		opts = append(opts, gnet.WithMulticore(true))
+	}
+	err := gnet.Run(s, "tcp://"+s.cfg.Listen, opts...)
+	select {
+	case <-s.booted:
+	default:
+		close(s.booted) // unblock Addr callers on a failed start
+	}
+	return err
+}
+
+// Addr waits until the engine listens and returns its address (useful
+// with port 0). It returns "" if the engine failed to start or ctx ends.
+func (s *Server) Addr(ctx context.Context) string {
+	select {
+	case <-s.booted:
+	case <-ctx.Done():
+		return ""
+	}
+	s.engMu.Lock()
+	eng := s.eng
+	s.engMu.Unlock()
+	fd, err := eng.Dup()
+	if err != nil {
+		return ""
+	}
+	defer unix.Close(fd)
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return ""
+	}
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return net.JoinHostPort(net.IP(a.Addr[:]).String(), strconv.Itoa(a.Port))
+	case *unix.SockaddrInet6:
+		return net.JoinHostPort(net.IP(a.Addr[:]).String(), strconv.Itoa(a.Port))
+	}
+	return ""
+}
+
+// Ready reports whether the server accepts clients (booted, not draining).
+func (s *Server) Ready() bool {
+	select {
+	case <-s.booted:
+	default:
+		return false
+	}
+	return !s.draining.Load()
+}
+
+// Draining reports whether Shutdown has begun.
+func (s *Server) Draining() bool { return s.draining.Load() }
+
+// Shutdown stops taking new clients (they are accepted and closed at once,
+// since gnet cannot close its listener separately), waits until every
+// connection has ended or ctx is done, then closes what is left and stops
+// the engine.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.draining.Store(true)
+	select {
+	case <-s.booted:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for s.nsessions.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			goto forced
+		case <-t.C:
+		}
+	}
+forced:
+	if n := s.nsessions.Load(); n > 0 {
+		s.log.Info("drain deadline reached; closing connections", "open", n)
+		s.sessions.Range(func(k, _ any) bool {
+			k.(*session).closeAsync(ErrShutdown)
+			return true
+		})
+		// Let the loops run the closes (and flush residual output).
+		wait, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		for s.nsessions.Load() > 0 && wait.Err() == nil {
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+	}
+	s.engMu.Lock()
+	eng := s.eng
+	s.engMu.Unlock()
+	stopCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return eng.Stop(stopCtx)
+}
+
+// OnBoot implements gnet.EventHandler; gnet calls it once, before serving.
+func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
+	s.engMu.Lock()
+	s.eng = eng
+	s.engMu.Unlock()
+	close(s.booted)
+	s.log.Info("proxy listening", "listen", s.cfg.Listen, "brokers", s.cfg.Brokers)
+	return gnet.None
+}
+
+// OnOpen implements gnet.EventHandler; it runs on the connection's loop for
+// both accepted clients and enrolled broker connections (whose gnet context
+// is their session end).
+func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
+	if e, ok := c.Context().(*end); ok {
+		return e.s.onBrokerOpen(c)
+	}
+	s.m.connsTotal[0].Add(1)
+	s.m.connsOpen[0].Add(1)
+	if s.draining.Load() {
+		c.SetContext(nil)
+		return nil, gnet.Close
+	}
+	ss := newSession(s, c)
+	c.SetContext(&ss.clientEnd)
+	s.sessions.Store(ss, struct{}{})
+	s.nsessions.Add(1)
+	return nil, gnet.None
+}
+
+// OnTraffic implements gnet.EventHandler; it runs on the connection's loop.
+func (s *Server) OnTraffic(c gnet.Conn) gnet.Action {
+	e, ok := c.Context().(*end)
+	if !ok {
+		_, _ = c.Discard(-1)
+		return gnet.Close
+	}
+	return e.s.onTraffic(e, c)
+}
+
+// OnClose implements gnet.EventHandler; it runs on the connection's loop.
+func (s *Server) OnClose(c gnet.Conn, err error) gnet.Action {
+	e, ok := c.Context().(*end)
+	if !ok { // a client refused while draining
+		s.m.connsOpen[0].Add(-1)
+		return gnet.None
+	}
+	e.s.onClose(e, c, err)
+	return gnet.None
+}
+
+// OnTick implements gnet.EventHandler. It runs on gnet's ticker goroutine:
+// it refreshes the coarse clock and asks the loops (EventLoop.Execute) to
+// time out or resume sessions; it never touches a connection directly.
+func (s *Server) OnTick() (time.Duration, gnet.Action) {
+	now := time.Now().UnixNano()
+	s.now.Store(now)
+	idle := int64(s.cfg.IdleTimeout)
+	s.sessions.Range(func(k, _ any) bool {
+		ss := k.(*session)
+		switch {
+		case ss.handshakeDeadline.Load() != 0 && now > ss.handshakeDeadline.Load():
+			ss.closeAsync(ErrHandshakeTimeout)
+		case idle > 0 && now-ss.lastActive.Load() > idle:
+			ss.closeAsync(fmt.Errorf("%w: nothing moved for %s", ErrIdleTimeout, s.cfg.IdleTimeout))
+		case ss.pausedAny.Load():
+			ss.resumeAsync()
+		}
+		return true
+	})
+	if s.npaused.Load() > 0 {
+		return pausedTick, gnet.None
+	}
+	return tickInterval, gnet.None
+}

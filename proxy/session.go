@@ -1,0 +1,818 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"sync/atomic"
+
+	"github.com/panjf2000/gnet/v2"
+
+	"github.com/rebatchproxy/rebatchproxy/wire"
+	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
+)
+
+// Session states. A session is owned by its client's event loop; state and
+// every field not marked atomic are touched only there.
+const (
+	stAwaitConnect = iota // nothing received yet; the first frame must be CONNECT
+	stDialing             // CONNECT received, broker being dialled
+	stHandshake           // CONNECT sent to the broker, waiting for CONNECTED
+	stEstablished         // forwarding
+	stClosed
+)
+
+var stateNames = [...]string{"await_connect", "dialing", "handshake", "established", "closed"}
+
+// end is one side of a session; a gnet conn's context points to it.
+type end struct {
+	s   *session
+	dir direction // direction of the frames read on this side
+}
+
+// session is a client connection and its broker connection.
+type session struct {
+	srv        *Server
+	id         uint64
+	shard      uint32
+	client     gnet.Conn // immutable after newSession
+	clientAddr string
+	clientEnd  end
+	brokerEnd  end
+
+	// Touched by the ticker goroutine.
+	handshakeDeadline atomic.Int64
+	lastActive        atomic.Int64
+	pausedAny         atomic.Bool
+	taskQueued        atomic.Bool
+
+	// Loop-owned.
+	state        int
+	broker       gnet.Conn
+	brokerAddr   string // written by the dial goroutine before Enroll
+	maxMsg       int
+	hardLimit    int
+	connectFrame []byte
+	need         [2]int
+	paused       [2]bool
+	lookupsOut   int64
+	reason       error
+	path         ProducerPath
+	cmd          pulsarpb.BaseCommand
+	scratch      []byte
+	producers    map[uint64]string // producer id -> topic, for logs
+	consumers    map[uint64]string // consumer id -> topic, for logs
+
+	// Pump state while a batch of frames is being processed, so Outputs
+	// can flush the pending run of forwarded frames before writing.
+	pumpDst  gnet.Conn
+	pumpBuf  []byte
+	pumpRun  int
+	pumpOff  int
+	pumpDir  direction
+	pumpFail error
+}
+
+func newSession(srv *Server, c gnet.Conn) *session {
+	s := &session{
+		srv:        srv,
+		id:         srv.nextID.Add(1),
+		client:     c,
+		clientAddr: c.RemoteAddr().String(),
+		maxMsg:     srv.cfg.MaxMessageSize,
+	}
+	s.shard = uint32(s.id)
+	s.clientEnd = end{s: s, dir: toBroker}
+	s.brokerEnd = end{s: s, dir: toClient}
+	s.hardLimit = srv.cfg.HardBufferLimit
+	now := srv.now.Load()
+	s.lastActive.Store(now)
+	s.handshakeDeadline.Store(now + int64(srv.cfg.HandshakeTimeout))
+	return s
+}
+
+func (s *session) logger() *slog.Logger {
+	l := s.srv.log.With("conn", s.id, "client", s.clientAddr)
+	if s.brokerAddr != "" {
+		l = l.With("broker", s.brokerAddr)
+	}
+	return l
+}
+
+// peer returns the connection frames of direction d are written to.
+func (s *session) peer(d direction) gnet.Conn {
+	if d == toBroker {
+		return s.broker
+	}
+	return s.client
+}
+
+// source returns the connection frames of direction d are read from.
+func (s *session) source(d direction) gnet.Conn {
+	if d == toBroker {
+		return s.client
+	}
+	return s.broker
+}
+
+// onTraffic runs on the loop for data from either side.
+func (s *session) onTraffic(e *end, c gnet.Conn) gnet.Action {
+	s.lastActive.Store(s.srv.now.Load())
+	switch s.state {
+	case stClosed:
+		_, _ = c.Discard(-1)
+		return gnet.None
+	case stDialing:
+		// CONNECT is on its way; keep whatever else the client sent
+		// buffered (bounded) until the broker answers.
+		if c.InboundBuffered() > s.hardLimit {
+			return s.fail(fmt.Errorf("%w: %d bytes buffered while dialling", ErrBufferLimit, c.InboundBuffered()))
+		}
+		return gnet.None
+	}
+	return s.pump(c, e.dir)
+}
+
+// fail records err as the close reason and returns the action closing the
+// conn whose callback is running; onClose closes the other side.
+func (s *session) fail(err error) gnet.Action {
+	if s.reason == nil {
+		s.reason = err
+	}
+	return gnet.Close
+}
+
+// closeAsync closes the session from any goroutine.
+func (s *session) closeAsync(err error) {
+	if !s.taskQueued.CompareAndSwap(false, true) {
+		return
+	}
+	e := s.client.EventLoop().Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		s.taskQueued.Store(false)
+		if s.state == stClosed {
+			return nil
+		}
+		switch {
+		case errors.Is(err, ErrHandshakeTimeout) && s.state == stEstablished:
+			return nil // raced with CONNECTED
+		case errors.Is(err, ErrIdleTimeout) && s.srv.now.Load()-s.lastActive.Load() <= int64(s.srv.cfg.IdleTimeout):
+			return nil
+		}
+		if s.reason == nil {
+			s.reason = err
+		}
+		_ = s.client.Close()
+		return nil
+	}))
+	if e != nil {
+		s.taskQueued.Store(false)
+	}
+}
+
+// resumeAsync asks the loop to resume paused directions whose peer has
+// drained. Called from the ticker goroutine.
+func (s *session) resumeAsync() {
+	if !s.taskQueued.CompareAndSwap(false, true) {
+		return
+	}
+	e := s.client.EventLoop().Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		s.taskQueued.Store(false)
+		if s.state == stClosed {
+			return nil
+		}
+		for d := toBroker; d <= toClient; d++ {
+			if !s.paused[d] {
+				continue
+			}
+			dst, src := s.peer(d), s.source(d)
+			if dst == nil || src == nil || dst.OutboundBuffered() > s.srv.cfg.SoftBufferLimit/2 {
+				continue
+			}
+			s.setPaused(d, false)
+			_ = src.Wake(nil)
+		}
+		return nil
+	}))
+	if e != nil {
+		s.taskQueued.Store(false)
+	}
+}
+
+func (s *session) setPaused(d direction, on bool) {
+	if s.paused[d] == on {
+		return
+	}
+	before := s.paused[0] || s.paused[1]
+	s.paused[d] = on
+	after := s.paused[0] || s.paused[1]
+	if on {
+		s.srv.m.pauses[d].Add(1)
+	}
+	if before != after {
+		s.pausedAny.Store(after)
+		if after {
+			s.srv.npaused.Add(1)
+		} else {
+			s.srv.npaused.Add(-1)
+		}
+	}
+}
+
+// frameAction is what pump does with a frame after onFrame.
+type frameAction uint8
+
+const (
+	actForward frameAction = iota // part of the run of original bytes
+	actDone                       // handled (written or dropped) by onFrame
+	actStop                       // handled; stop reading this side for now
+)
+
+// pump reads every complete frame buffered on src, forwards the original
+// bytes of untouched frames to the peer in one write per run, and hands
+// the rest to onFrame. Runs on the loop.
+func (s *session) pump(src gnet.Conn, d direction) gnet.Action {
+	avail := src.InboundBuffered()
+	dst := s.peer(d)
+	if avail == 0 {
+		return gnet.None
+	}
+	if avail < s.need[d] {
+		return s.checkHard(src, dst, d, avail)
+	}
+	if dst != nil && dst.OutboundBuffered() > s.srv.cfg.SoftBufferLimit {
+		s.setPaused(d, true)
+		return s.checkHard(src, dst, d, avail)
+	}
+	buf, err := src.Peek(avail)
+	if err != nil {
+		return s.fail(err)
+	}
+	s.pumpDst, s.pumpBuf, s.pumpRun, s.pumpOff, s.pumpDir, s.pumpFail = dst, buf, 0, 0, d, nil
+	s.need[d] = 0
+	action := gnet.None
+loop:
+	for s.pumpOff < len(buf) {
+		f, n, err := wire.ReadFrame(buf[s.pumpOff:], s.maxMsg)
+		if err == wire.ErrIncomplete {
+			if l, err := wire.FrameLen(buf[s.pumpOff:], s.maxMsg); err == nil {
+				s.need[d] = l
+			} else {
+				s.need[d] = 4
+			}
+			break
+		}
+		if err != nil {
+			action = s.fail(fmt.Errorf("%s from %s: %w", frameDesc(buf[s.pumpOff:]), sideName(d), err))
+			break
+		}
+		s.srv.m.countFrame(s.shard, d, f.Type(), n)
+		act, err := s.onFrame(d, f)
+		if err == nil {
+			err = s.pumpFail
+		}
+		if err != nil {
+			action = s.fail(err)
+			break
+		}
+		switch act {
+		case actForward:
+			s.pumpOff += n
+		case actDone:
+			s.flushRun()
+			s.pumpOff += n
+			s.pumpRun = s.pumpOff
+		case actStop:
+			s.flushRun()
+			s.pumpOff += n
+			s.pumpRun = s.pumpOff
+			break loop
+		}
+		if s.pumpFail != nil {
+			action = s.fail(s.pumpFail)
+			break
+		}
+	}
+	if action == gnet.None {
+		s.flushRun()
+		if s.pumpFail != nil {
+			action = s.fail(s.pumpFail)
+		}
+	}
+	_, _ = src.Discard(s.pumpOff)
+	s.pumpBuf, s.pumpDst = nil, nil
+	if action == gnet.None && s.state != stClosed {
+		return s.checkHard(src, s.peer(d), d, src.InboundBuffered())
+	}
+	return action
+}
+
+// flushRun writes the pending run of forwarded frames to the peer.
+func (s *session) flushRun() {
+	if s.pumpOff > s.pumpRun {
+		if s.pumpDst == nil {
+			s.pumpFail = fmt.Errorf("%w: frames from %s before the broker connection", ErrOutOfOrder, sideName(s.pumpDir))
+		} else if _, err := s.pumpDst.Write(s.pumpBuf[s.pumpRun:s.pumpOff]); err != nil {
+			s.pumpFail = err
+		}
+	}
+	s.pumpRun = s.pumpOff
+}
+
+// checkHard closes the pair when one direction holds too many bytes.
+func (s *session) checkHard(src, dst gnet.Conn, d direction, inbound int) gnet.Action {
+	held := inbound
+	if dst != nil {
+		held += dst.OutboundBuffered()
+	}
+	if held > s.hardLimit {
+		return s.fail(fmt.Errorf("%w: %d bytes held %s (limit %d); the %s side is not reading",
+			ErrBufferLimit, held, d, s.hardLimit, peerSideName(d)))
+	}
+	return gnet.None
+}
+
+// ToBroker implements Outputs.
+func (s *session) ToBroker(b []byte) { s.writeOut(toBroker, b) }
+
+// ToClient implements Outputs.
+func (s *session) ToClient(b []byte) { s.writeOut(toClient, b) }
+
+func (s *session) writeOut(d direction, b []byte) {
+	s.flushRun()
+	dst := s.peer(d)
+	if dst == nil {
+		s.pumpFail = fmt.Errorf("%w: no %s connection", ErrOutOfOrder, peerSideName(d))
+		return
+	}
+	if t, ok := frameType(b); ok {
+		s.srv.m.countFrame(s.shard, d, t, len(b))
+	}
+	if _, err := dst.Write(b); err != nil && s.pumpFail == nil {
+		s.pumpFail = err
+	}
+}
+
+// onFrame decides what happens to one frame. Runs on the loop.
+func (s *session) onFrame(d direction, f wire.Frame) (frameAction, error) {
+	t := f.Type()
+	if d == toBroker {
+		switch s.state {
+		case stAwaitConnect:
+			if t != pulsarpb.BaseCommand_CONNECT {
+				return 0, fmt.Errorf("%w: %s before CONNECT", ErrOutOfOrder, t)
+			}
+			return s.onConnect(f)
+		case stHandshake:
+			if t != pulsarpb.BaseCommand_AUTH_RESPONSE {
+				return 0, fmt.Errorf("%w: %s from client before CONNECTED", ErrOutOfOrder, t)
+			}
+			return actForward, nil
+		}
+		if t == pulsarpb.BaseCommand_CONNECT || brokerOnly(t) {
+			return 0, fmt.Errorf("%w: %s from client on an established connection", ErrOutOfOrder, t)
+		}
+		switch t {
+		case pulsarpb.BaseCommand_LOOKUP, pulsarpb.BaseCommand_PARTITIONED_METADATA:
+			return s.onLookupRequest(f)
+		case pulsarpb.BaseCommand_SUBSCRIBE:
+			s.noteSubscribe(f)
+		case pulsarpb.BaseCommand_PRODUCER:
+			s.noteProducer(f)
+		}
+		if isProducerFrame(d, t) {
+			return s.toPath(d, f)
+		}
+		return actForward, nil
+	}
+
+	// From the broker.
+	if s.state == stHandshake {
+		switch t {
+		case pulsarpb.BaseCommand_CONNECTED:
+			return s.onConnected(f)
+		case pulsarpb.BaseCommand_AUTH_CHALLENGE:
+			return actForward, nil
+		case pulsarpb.BaseCommand_ERROR:
+			// The broker refused the CONNECT (e.g. bad credentials): relay
+			// its own error, then close; the broker closes its side too.
+			s.flushRun()
+			if _, err := s.client.Write(f.Bytes()); err != nil {
+				return 0, err
+			}
+			if s.reason == nil {
+				s.reason = fmt.Errorf("broker refused CONNECT: %s", errorText(f, &s.cmd))
+			}
+			_ = s.client.Close()
+			return actStop, nil
+		}
+		return 0, fmt.Errorf("%w: %s from broker before CONNECTED", ErrOutOfOrder, t)
+	}
+	switch t {
+	case pulsarpb.BaseCommand_CONNECTED, pulsarpb.BaseCommand_CONNECT:
+		return 0, fmt.Errorf("%w: %s from broker on an established connection", ErrOutOfOrder, t)
+	case pulsarpb.BaseCommand_LOOKUP_RESPONSE:
+		s.lookupDone()
+		return s.onLookupResponse(f)
+	case pulsarpb.BaseCommand_PARTITIONED_METADATA_RESPONSE:
+		s.lookupDone()
+		s.srv.m.lookups[lookupPartitionedMetadata].Add(1)
+	case pulsarpb.BaseCommand_SEND_ERROR:
+		s.noteSendError(f)
+	}
+	if isProducerFrame(d, t) {
+		return s.toPath(d, f)
+	}
+	return actForward, nil
+}
+
+func (s *session) toPath(d direction, f wire.Frame) (frameAction, error) {
+	var v Verdict
+	var err error
+	if d == toBroker {
+		v, err = s.path.FromClient(f, s)
+	} else {
+		v, err = s.path.FromBroker(f, s)
+	}
+	if err != nil {
+		return 0, err
+	}
+	if v == Consumed {
+		return actDone, nil
+	}
+	return actForward, nil
+}
+
+// onConnect handles the client's CONNECT: pick and check the target, keep
+// the CONNECT (proxy_to_broker_url stripped) for the broker, start dialling.
+func (s *session) onConnect(f wire.Frame) (frameAction, error) {
+	if err := wire.DecodeCommand(f, &s.cmd); err != nil {
+		return 0, err
+	}
+	c := s.cmd.GetConnect()
+	if c == nil {
+		return 0, wire.ErrMalformedCommand
+	}
+	var targets []string
+	u := c.GetProxyToBrokerUrl()
+	if u != "" {
+		addr, err := BrokerAddress(u)
+		if err != nil || !s.srv.known.allowed(addr) {
+			s.refuse(pulsarpb.ServerError_ServiceNotReady, "Target broker cannot be validated.")
+			return actStop, fmt.Errorf("%w: proxy_to_broker_url %q", ErrTargetRefused, u)
+		}
+		targets = []string{addr}
+		c.ProxyToBrokerUrl = nil
+		frame, err := wire.AppendCommandFrame(nil, &s.cmd)
+		if err != nil {
+			return 0, err
+		}
+		s.connectFrame = frame
+	} else {
+		k := s.srv.known
+		start := k.rr.Add(1)
+		for i := range k.services {
+			targets = append(targets, k.nextService(start, i))
+		}
+		s.connectFrame = append([]byte(nil), f.Bytes()...)
+	}
+	if s.srv.log.Enabled(context.Background(), slog.LevelDebug) {
+		s.logger().Debug("CONNECT", "client_version", c.GetClientVersion(), "protocol_version", c.GetProtocolVersion(),
+			"auth_method", c.GetAuthMethodName(), "proxy_to_broker_url", u, "targets", targets)
+	}
+	s.state = stDialing
+	go s.dial(targets)
+	return actStop, nil
+}
+
+// refuse answers the client's CONNECT with an ERROR, as Pulsar's proxy does,
+// and closes the client once it is written.
+func (s *session) refuse(code pulsarpb.ServerError, msg string) {
+	reqID := uint64(math.MaxUint64) // -1: the error answers no request
+	cmd := pulsarpb.BaseCommand{
+		Type:  pulsarpb.BaseCommand_ERROR.Enum(),
+		Error: &pulsarpb.CommandError{RequestId: &reqID, Error: code.Enum(), Message: &msg},
+	}
+	b, err := wire.AppendCommandFrame(nil, &cmd)
+	if err == nil {
+		s.srv.m.countFrame(s.shard, toClient, pulsarpb.BaseCommand_ERROR, len(b))
+		_, _ = s.client.Write(b)
+	}
+	_ = s.client.Close()
+}
+
+// dial connects to the first reachable target and enrolls the connection
+// on the client's event loop. It runs on its own goroutine.
+func (s *session) dial(targets []string) {
+	d := net.Dialer{Timeout: s.srv.cfg.ConnectTimeout}
+	var nc net.Conn
+	var err error
+	for _, a := range targets {
+		if nc, err = d.Dial("tcp", a); err == nil {
+			s.brokerAddr = a
+			break
+		}
+	}
+	el := s.client.EventLoop()
+	if err == nil {
+		var ch <-chan gnet.RegisteredResult
+		ch, err = el.Enroll(gnet.NewContext(context.Background(), &s.brokerEnd), nc)
+		if err == nil {
+			if res := <-ch; res.Err != nil {
+				err = res.Err
+			}
+		} else {
+			_ = nc.Close()
+		}
+	}
+	if err == nil {
+		return
+	}
+	derr := fmt.Errorf("%w: %v", ErrBrokerUnreachable, err)
+	_ = el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		if s.state != stDialing {
+			return nil
+		}
+		if s.reason == nil {
+			s.reason = derr
+		}
+		s.refuse(pulsarpb.ServerError_ServiceNotReady, "Unable to connect to the broker")
+		return nil
+	}))
+}
+
+// onBrokerOpen runs on the loop when the enrolled broker conn is ready.
+func (s *session) onBrokerOpen(c gnet.Conn) ([]byte, gnet.Action) {
+	s.srv.m.connsTotal[1].Add(1)
+	s.srv.m.connsOpen[1].Add(1)
+	c.SetContext(&s.brokerEnd)
+	if s.state != stDialing {
+		return nil, gnet.Close
+	}
+	s.broker = c
+	s.state = stHandshake
+	out := s.connectFrame
+	s.connectFrame = nil
+	if t, ok := frameType(out); ok {
+		s.srv.m.countFrame(s.shard, toBroker, t, len(out))
+	}
+	if s.client.InboundBuffered() > 0 {
+		_ = s.client.Wake(nil)
+	}
+	return out, gnet.None
+}
+
+// onConnected relays CONNECTED and switches to forwarding. The broker's
+// max_message_size becomes this pair's frame limit.
+func (s *session) onConnected(f wire.Frame) (frameAction, error) {
+	if err := wire.DecodeCommand(f, &s.cmd); err != nil {
+		return 0, err
+	}
+	if m := s.cmd.GetConnected().GetMaxMessageSize(); m > 0 {
+		s.maxMsg = int(m)
+	} else {
+		s.maxMsg = wire.DefaultMaxMessageSize
+	}
+	if h := s.srv.cfg.SoftBufferLimit + wire.MaxFrameLen(s.maxMsg); h > s.hardLimit {
+		s.hardLimit = h
+	}
+	s.state = stEstablished
+	s.handshakeDeadline.Store(0)
+	s.path = s.srv.cfg.ProducerPaths(ConnInfo{ID: s.id, ClientAddr: s.clientAddr, BrokerAddr: s.brokerAddr, MaxMessageSize: s.maxMsg})
+	s.logger().Debug("connected", "server_version", s.cmd.GetConnected().GetServerVersion(),
+		"protocol_version", s.cmd.GetConnected().GetProtocolVersion(), "max_message_size", s.maxMsg)
+	if s.client.InboundBuffered() > 0 {
+		_ = s.client.Wake(nil)
+	}
+	return actForward, nil
+}
+
+// onLookupRequest applies the bound on concurrent lookups.
+func (s *session) onLookupRequest(f wire.Frame) (frameAction, error) {
+	m := s.srv.m
+	if m.lookupsFlight.Add(1) <= int64(s.srv.cfg.MaxConcurrentLookups) {
+		s.lookupsOut++
+		return actForward, nil
+	}
+	m.lookupsFlight.Add(-1)
+	m.lookups[lookupThrottled].Add(1)
+	if err := wire.DecodeCommand(f, &s.cmd); err != nil {
+		return 0, err
+	}
+	code, msg := pulsarpb.ServerError_TooManyRequests, "Failed due to too many pending lookup requests"
+	var reply pulsarpb.BaseCommand
+	if l := s.cmd.GetLookupTopic(); l != nil {
+		reply.Type = pulsarpb.BaseCommand_LOOKUP_RESPONSE.Enum()
+		reply.LookupTopicResponse = &pulsarpb.CommandLookupTopicResponse{
+			RequestId: l.RequestId, Response: pulsarpb.CommandLookupTopicResponse_Failed.Enum(), Error: code.Enum(), Message: &msg,
+		}
+	} else if p := s.cmd.GetPartitionMetadata(); p != nil {
+		reply.Type = pulsarpb.BaseCommand_PARTITIONED_METADATA_RESPONSE.Enum()
+		reply.PartitionMetadataResponse = &pulsarpb.CommandPartitionedTopicMetadataResponse{
+			RequestId: p.RequestId, Response: pulsarpb.CommandPartitionedTopicMetadataResponse_Failed.Enum(), Error: code.Enum(), Message: &msg,
+		}
+	} else {
+		return 0, wire.ErrMalformedCommand
+	}
+	b, err := wire.AppendCommandFrame(s.scratch[:0], &reply)
+	if err != nil {
+		return 0, err
+	}
+	s.scratch = b
+	s.ToClient(b)
+	s.logger().Warn("lookup refused: too many concurrent lookups", "limit", s.srv.cfg.MaxConcurrentLookups)
+	return actDone, nil
+}
+
+func (s *session) lookupDone() {
+	if s.lookupsOut > 0 {
+		s.lookupsOut--
+		s.srv.m.lookupsFlight.Add(-1)
+	}
+}
+
+// onLookupResponse rewrites the answer so the client stays on the proxy.
+func (s *session) onLookupResponse(f wire.Frame) (frameAction, error) {
+	b, addr, result, err := rewriteLookupResponse(s.scratch[:0], f, &s.cmd)
+	if err != nil {
+		return 0, err
+	}
+	s.scratch = b
+	s.srv.m.lookups[result].Add(1)
+	if addr != "" {
+		s.srv.known.learn(addr)
+	}
+	if s.srv.log.Enabled(context.Background(), slog.LevelDebug) {
+		r := s.cmd.GetLookupTopicResponse()
+		s.logger().Debug("lookup answer", "request_id", r.GetRequestId(), "response", r.GetResponse().String(),
+			"broker_url", r.GetBrokerServiceUrl(), "error", r.GetError().String())
+	}
+	s.flushRun()
+	if _, err := s.client.Write(b); err != nil {
+		return 0, err
+	}
+	return actDone, nil
+}
+
+// noteProducer remembers a producer's topic for logs.
+func (s *session) noteProducer(f wire.Frame) {
+	if wire.DecodeCommand(f, &s.cmd) != nil {
+		return
+	}
+	p := s.cmd.GetProducer()
+	if s.producers == nil {
+		s.producers = map[uint64]string{}
+	}
+	if len(s.producers) < 65536 {
+		s.producers[p.GetProducerId()] = p.GetTopic()
+	}
+	s.logger().Debug("PRODUCER", "topic", p.GetTopic(), "producer_id", p.GetProducerId(), "producer_name", p.GetProducerName())
+}
+
+// noteSubscribe remembers a consumer's topic for logs.
+func (s *session) noteSubscribe(f wire.Frame) {
+	if wire.DecodeCommand(f, &s.cmd) != nil {
+		return
+	}
+	c := s.cmd.GetSubscribe()
+	if s.consumers == nil {
+		s.consumers = map[uint64]string{}
+	}
+	if len(s.consumers) < 65536 {
+		s.consumers[c.GetConsumerId()] = c.GetTopic()
+	}
+	s.logger().Debug("SUBSCRIBE", "topic", c.GetTopic(), "consumer_id", c.GetConsumerId(),
+		"subscription", c.GetSubscription(), "sub_type", c.GetSubType().String())
+}
+
+// noteSendError logs a broker's SEND_ERROR with the producer's topic.
+func (s *session) noteSendError(f wire.Frame) {
+	if wire.DecodeCommand(f, &s.cmd) != nil {
+		return
+	}
+	e := s.cmd.GetSendError()
+	s.logger().Info("SEND_ERROR from broker", "topic", s.producers[e.GetProducerId()], "producer_id", e.GetProducerId(),
+		"sequence_id", e.GetSequenceId(), "error", e.GetError().String(), "message", e.GetMessage())
+}
+
+// onClose runs on the loop when either conn closes; it closes the other.
+func (s *session) onClose(e *end, c gnet.Conn, err error) {
+	if e.dir == toBroker {
+		s.srv.m.connsOpen[0].Add(-1)
+	} else {
+		s.srv.m.connsOpen[1].Add(-1)
+		if s.broker != c { // a late dial for a session already closed
+			return
+		}
+	}
+	if s.state == stClosed {
+		return
+	}
+	prev := s.state
+	s.state = stClosed
+	reason := s.reason
+	if reason == nil {
+		if n := c.InboundBuffered(); n > 0 {
+			reason = fmt.Errorf("%w: %s closed with %d bytes of an incomplete frame", ErrTruncated, sideName(e.dir), n)
+		}
+	}
+	idx := reasonClientClosed
+	if e.dir == toClient {
+		idx = reasonBrokerClosed
+	}
+	if reason != nil {
+		idx = reasonIndex(reason)
+	}
+	s.srv.m.closes[idx].Add(1)
+	l := s.logger().With("state", stateNames[prev])
+	if reason != nil {
+		l.Warn("connection closed", "reason", reason.Error())
+	} else {
+		l.Debug("connection closed", "by", sideName(e.dir), "err", errString(err))
+	}
+	if e.dir == toBroker {
+		if s.broker != nil {
+			_ = s.broker.Close()
+		}
+	} else {
+		_ = s.client.Close()
+	}
+	if s.lookupsOut > 0 {
+		s.srv.m.lookupsFlight.Add(-s.lookupsOut)
+		s.lookupsOut = 0
+	}
+	s.setPaused(toBroker, false)
+	s.setPaused(toClient, false)
+	if s.path != nil {
+		s.path.Close()
+	}
+	s.handshakeDeadline.Store(0)
+	s.srv.sessions.Delete(s)
+	s.srv.nsessions.Add(-1)
+}
+
+func sideName(d direction) string {
+	if d == toBroker {
+		return "client"
+	}
+	return "broker"
+}
+
+func peerSideName(d direction) string {
+	if d == toBroker {
+		return "broker"
+	}
+	return "client"
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// frameType reads the command type of a complete frame the proxy built.
+func frameType(b []byte) (pulsarpb.BaseCommand_Type, bool) {
+	f, _, err := wire.ReadFrame(b, math.MaxInt32-wire.FramePadding)
+	if err != nil {
+		return 0, false
+	}
+	return f.Type(), true
+}
+
+// frameDesc describes the start of a bad frame for a log line.
+func frameDesc(b []byte) string {
+	n := min(len(b), 16)
+	return fmt.Sprintf("frame starting % x", b[:n])
+}
+
+// errorText renders a CommandError for a log line.
+func errorText(f wire.Frame, cmd *pulsarpb.BaseCommand) string {
+	if wire.DecodeCommand(f, cmd) != nil {
+		return "undecodable ERROR"
+	}
+	e := cmd.GetError()
+	return e.GetError().String() + ": " + e.GetMessage()
+}
+
+// brokerOnly reports command types only a broker sends; a client sending
+// one is out of order.
+func brokerOnly(t pulsarpb.BaseCommand_Type) bool {
+	switch t {
+	case pulsarpb.BaseCommand_CONNECTED, pulsarpb.BaseCommand_SEND_RECEIPT, pulsarpb.BaseCommand_SEND_ERROR,
+		pulsarpb.BaseCommand_MESSAGE, pulsarpb.BaseCommand_SUCCESS, pulsarpb.BaseCommand_ERROR,
+		pulsarpb.BaseCommand_PRODUCER_SUCCESS, pulsarpb.BaseCommand_PARTITIONED_METADATA_RESPONSE,
+		pulsarpb.BaseCommand_LOOKUP_RESPONSE, pulsarpb.BaseCommand_CONSUMER_STATS_RESPONSE,
+		pulsarpb.BaseCommand_REACHED_END_OF_TOPIC, pulsarpb.BaseCommand_GET_LAST_MESSAGE_ID_RESPONSE,
+		pulsarpb.BaseCommand_ACTIVE_CONSUMER_CHANGE, pulsarpb.BaseCommand_GET_TOPICS_OF_NAMESPACE_RESPONSE,
+		pulsarpb.BaseCommand_GET_SCHEMA_RESPONSE, pulsarpb.BaseCommand_AUTH_CHALLENGE,
+		pulsarpb.BaseCommand_ACK_RESPONSE, pulsarpb.BaseCommand_GET_OR_CREATE_SCHEMA_RESPONSE,
+		pulsarpb.BaseCommand_WATCH_TOPIC_LIST_SUCCESS, pulsarpb.BaseCommand_WATCH_TOPIC_UPDATE,
+		pulsarpb.BaseCommand_TOPIC_MIGRATED:
+		return true
+	}
+	return false
+}
