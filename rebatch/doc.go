@@ -1,0 +1,66 @@
+// Package rebatch is the producer-path engine of the proxy: it takes a client producer's SEND
+// frames apart and builds the entries a rewriting policy asks for, and it turns the broker's
+// receipts for those entries back into exactly the receipts the client expects.
+//
+// It is a pure, deterministic state machine (Producer): input is parsed frames and a clock,
+// output is frames for the broker and frames for the client (Output). It does no I/O, so every
+// contract below is tested without sockets. One Producer serves one client producer and is
+// owned by the goroutine of that client's connection.
+//
+// # Policies
+//
+//   - coalesce: consecutive messages of the producer share an entry until max messages, max
+//     bytes (never above the broker's max_message_size) or max delay.
+//   - properties (PIP-191): as coalesce, and a message whose restricted properties differ from
+//     the open batch's flushes it first. Restricted properties are key -> allowed values (an
+//     empty list admits any value); a message's group is the set of its restricted keys whose
+//     value is admitted, and that set is stamped into the entry's outer properties. PIP-191's
+//     worked example (msg1..msg8 -> batch1..batch5) is the golden test.
+//
+// Every entry the engine builds is in batch format (num_messages_in_batch set, even for one
+// message) so stamped outer fields never become a message's own fields. A message sent without
+// batching has its own fields (key, ordering key, properties, event time, sequence id, null
+// flags) moved into its SingleMessageMetadata. The outer key is the first message's, as the
+// clients do.
+//
+// Never merged or split, forwarded as the original bytes after the open batch is flushed:
+// chunks, markers, transactional sends, encrypted payloads, delayed delivery, replicated
+// messages. A change of schema version ends the open batch.
+//
+// # Contracts
+//
+// One receipt per client send, in order (DESIGN.md contract 1). Each client CommandSend is
+// queued; it is answered only when every entry holding one of its messages has been
+// acknowledged, and never before the sends queued ahead of it. The receipt carries the send's
+// own sequence_id and highest_sequence_id verbatim. A broker error for an entry fails every
+// send with a message in it, with the broker's code and message; the client's resend follows.
+//
+// Message ids (contract 2). The receipt's ledger:entry is that of the entry holding the send's
+// first message. Clients derive per-message ids from it and their own batch index, so ids seen
+// by the producing application can differ from the ids consumers see.
+//
+// Sequence spaces (contract 4). The broker producer is the client's own (same producer id and
+// name), and the engine keeps the client's sequence space: each built entry carries
+// sequence_id = its first message's sequence id and highest_sequence_id = its last one's. The
+// policies here preserve order, so consecutive entries carry strictly increasing, disjoint
+// ranges, which is what broker de-duplication checks (the lowest id against the highest it
+// has recorded). The engine tracks that mark (lastPushed), starting from
+// CommandProducerSuccess.last_sequence_id, and:
+//   - forwards unchanged a send whose sequence ids it cannot cut safely (a key-based client
+//     batch whose command id is not its first message's) or that lies wholly at or below the
+//     mark (a resend the broker must judge itself);
+//   - splits a resend that straddles the mark: the messages at or below it go in an entry of
+//     their own, which the broker drops as duplicates, so the new messages after them are not
+//     dropped with them. This is what makes a send that the proxy had split, and that was
+//     only partly stored when a connection or the proxy died, end up stored exactly once.
+//
+// Because the broker producer is the client's, no translation of last_sequence_id is needed.
+// The price is that entries never mix producers: a producer that sends synchronously (one
+// message, then wait for its receipt) gains nothing. Merging several producers into one
+// broker producer needs a proxy-owned sequence space and a durable map from client sequence
+// ids to it; that is not built yet.
+//
+// Bounded memory (contract 7): the open batch is bounded by max bytes, and pending client sends
+// by Config.MaxPendingSends (ErrTooManyPending); the connection layer stops reading the client
+// before that bound.
+package rebatch

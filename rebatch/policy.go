@@ -1,0 +1,135 @@
+package rebatch
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
+)
+
+// Kind names a producer-path policy.
+type Kind string
+
+// The policies of DESIGN.md section 2.
+const (
+	// Passthrough forwards every frame unchanged; the engine is not used.
+	Passthrough Kind = "passthrough"
+	// Coalesce merges consecutive sends of one producer into batches, in order.
+	Coalesce Kind = "coalesce"
+	// Properties groups consecutive messages by their restricted properties (PIP-191).
+	Properties Kind = "properties"
+)
+
+// Defaults for the batch limits. MaxDelay is short because a producer waiting for a receipt
+// waits for the flush too; MaxMessages and MaxBytes follow the clients' own batch limits.
+const (
+	DefaultMaxMessages = 1000
+	DefaultMaxBytes    = 128 << 10
+	DefaultMaxDelay    = 2 * time.Millisecond
+)
+
+// ErrInvalidPolicy is wrapped by every policy validation error.
+var ErrInvalidPolicy = errors.New("rebatch: invalid policy")
+
+// Policy is the configuration of one rewriting policy.
+type Policy struct {
+	Kind Kind
+	// MaxMessages, MaxBytes and MaxDelay bound an open batch; zero means the default.
+	// MaxBytes counts the uncompressed batch payload and is further capped by the broker's
+	// max_message_size.
+	MaxMessages int
+	MaxBytes    int
+	MaxDelay    time.Duration
+	// Restricted lists, for the properties policy, the property keys that split batches and
+	// the values that count for each (an empty list means any value), as PIP-191's
+	// restrictSameValuesInBatchProperties.
+	Restricted map[string][]string
+	// Compression of the entries the engine builds; nil keeps the codec of the first client
+	// send in the entry.
+	Compression *pulsarpb.CompressionType
+}
+
+// Validate checks a policy and fills in defaults. Errors wrap ErrInvalidPolicy and name the
+// offending field.
+func (p *Policy) Validate() error {
+	switch p.Kind {
+	case Coalesce, Properties:
+	case Passthrough:
+		return nil
+	default:
+		return fmt.Errorf("%w: kind %q (want passthrough, coalesce or properties)", ErrInvalidPolicy, p.Kind)
+	}
+	if p.MaxMessages < 0 || p.MaxBytes < 0 || p.MaxDelay < 0 {
+		return fmt.Errorf("%w: max_messages, max_bytes and max_delay must not be negative", ErrInvalidPolicy)
+	}
+	if p.MaxMessages == 0 {
+		p.MaxMessages = DefaultMaxMessages
+	}
+	if p.MaxBytes == 0 {
+		p.MaxBytes = DefaultMaxBytes
+	}
+	if p.MaxDelay == 0 {
+		p.MaxDelay = DefaultMaxDelay
+	}
+	if p.Kind == Properties && len(p.Restricted) == 0 {
+		return fmt.Errorf("%w: restricted: the properties policy needs at least one restricted key", ErrInvalidPolicy)
+	}
+	if p.Kind != Properties && len(p.Restricted) > 0 {
+		return fmt.Errorf("%w: restricted: only the properties policy takes restricted keys", ErrInvalidPolicy)
+	}
+	for k := range p.Restricted {
+		if k == "" {
+			return fmt.Errorf("%w: restricted: empty property key", ErrInvalidPolicy)
+		}
+	}
+	if p.Compression != nil {
+		if _, ok := pulsarpb.CompressionType_name[int32(*p.Compression)]; !ok {
+			return fmt.Errorf("%w: compression %d unknown", ErrInvalidPolicy, *p.Compression)
+		}
+	}
+	return nil
+}
+
+// restriction is the compiled form of Policy.Restricted: keys sorted, values as sets.
+type restriction struct {
+	keys    []string
+	allowed []map[string]struct{} // nil set: any value
+}
+
+func compileRestriction(r map[string][]string) restriction {
+	var c restriction
+	for k := range r {
+		c.keys = append(c.keys, k)
+	}
+	sort.Strings(c.keys)
+	for _, k := range c.keys {
+		var set map[string]struct{}
+		if len(r[k]) > 0 {
+			set = make(map[string]struct{}, len(r[k]))
+			for _, v := range r[k] {
+				set[v] = struct{}{}
+			}
+		}
+		c.allowed = append(c.allowed, set)
+	}
+	return c
+}
+
+// index returns the position of key in the sorted key list, or -1.
+func (c *restriction) index(key []byte) int {
+	i := sort.Search(len(c.keys), func(i int) bool { return c.keys[i] >= string(key) })
+	if i < len(c.keys) && c.keys[i] == string(key) {
+		return i
+	}
+	return -1
+}
+
+func (c *restriction) admits(i int, value []byte) bool {
+	if c.allowed[i] == nil {
+		return true
+	}
+	_, ok := c.allowed[i][string(value)]
+	return ok
+}
