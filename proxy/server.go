@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
-	"github.com/panjf2000/gnet/v2/pkg/logging"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 )
@@ -84,7 +83,7 @@ func (s *Server) Serve() error {
 		gnet.WithTicker(true),
 		gnet.WithReadBufferCap(s.cfg.ReadBufferCap),
 		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
-		gnet.WithLogLevel(logging.WarnLevel),
+		gnet.WithLogger(gnetLogger{s.log}),
 	}
 	if loops > 0 {
 		opts = append(opts, gnet.WithNumEventLoop(loops))
@@ -259,3 +258,13 @@ func (s *Server) OnTick() (time.Duration, gnet.Action) {
 	}
 	return tickInterval, gnet.None
 }
+
+// gnetLogger sends gnet's own log lines to slog (gnet info lines at debug).
+// gnet calls it from any goroutine; slog loggers are safe for that.
+type gnetLogger struct{ l *slog.Logger }
+
+func (g gnetLogger) Debugf(f string, a ...any) { g.l.Debug("gnet: " + fmt.Sprintf(f, a...)) }
+func (g gnetLogger) Infof(f string, a ...any)  { g.l.Debug("gnet: " + fmt.Sprintf(f, a...)) }
+func (g gnetLogger) Warnf(f string, a ...any)  { g.l.Warn("gnet: " + fmt.Sprintf(f, a...)) }
+func (g gnetLogger) Errorf(f string, a ...any) { g.l.Error("gnet: " + fmt.Sprintf(f, a...)) }
+func (g gnetLogger) Fatalf(f string, a ...any) { g.l.Error("gnet: " + fmt.Sprintf(f, a...)) }

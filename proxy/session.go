@@ -301,7 +301,9 @@ loop:
 			action = s.fail(s.pumpFail)
 		}
 	}
-	_, _ = src.Discard(s.pumpOff)
+	if s.pumpOff > 0 { // gnet's Discard(0) discards everything
+		_, _ = src.Discard(s.pumpOff)
+	}
 	s.pumpBuf, s.pumpDst = nil, nil
 	if action == gnet.None && s.state != stClosed {
 		return s.checkHard(src, s.peer(d), d, src.InboundBuffered())
