@@ -25,7 +25,9 @@ import (
 type goldenManifest struct {
 	Client        string `json:"client"`
 	ClientVersion string `json:"client_version"`
-	Scenario      struct {
+	// BrokerEntryMetadata: the broker put the 0x0e02 block in MESSAGE frames.
+	BrokerEntryMetadata bool `json:"broker_entry_metadata"`
+	Scenario            struct {
 		Name        string `json:"name"`
 		Count       int    `json:"count"`
 		Batching    bool   `json:"batching"`
@@ -83,8 +85,8 @@ func TestGoldenCaptures(t *testing.T) {
 			sent := &sideReport{compressions: map[pulsarpb.CompressionType]int{}, chunks: map[string][][]byte{}}
 			delivered := &sideReport{compressions: map[pulsarpb.CompressionType]int{}, chunks: map[string][][]byte{}}
 			for _, c := range m.Connections {
-				checkStream(t, filepath.Join(dir, c.C2B), c.C2BFrames, sent)
-				checkStream(t, filepath.Join(dir, c.B2C), c.B2CFrames, delivered)
+				checkStream(t, filepath.Join(dir, c.C2B), c.C2BFrames, false, sent)
+				checkStream(t, filepath.Join(dir, c.B2C), c.B2CFrames, m.BrokerEntryMetadata, delivered)
 			}
 			checkScenario(t, &m, "sent", sent)
 			checkScenario(t, &m, "delivered", delivered)
@@ -93,7 +95,7 @@ func TestGoldenCaptures(t *testing.T) {
 }
 
 // checkStream reads one captured byte stream frame by frame.
-func checkStream(t *testing.T, path string, wantCounts map[string]int, rep *sideReport) {
+func checkStream(t *testing.T, path string, wantCounts map[string]int, wantBEM bool, rep *sideReport) {
 	t.Helper()
 	stream, err := os.ReadFile(path)
 	if err != nil {
@@ -126,6 +128,15 @@ func checkStream(t *testing.T, path string, wantCounts map[string]int, rep *side
 		}
 		if err := f.VerifyChecksum(); err != nil {
 			t.Fatalf("%v: %v", f.Type(), err)
+		}
+		if f.HasBrokerEntryMetadata() != (wantBEM && f.Type() == pulsarpb.BaseCommand_MESSAGE) {
+			t.Fatalf("%v: broker entry metadata present %v, broker configured %v", f.Type(), f.HasBrokerEntryMetadata(), wantBEM)
+		}
+		if f.HasBrokerEntryMetadata() {
+			var bem pulsarpb.BrokerEntryMetadata
+			if err := proto.Unmarshal(f.BrokerEntryMetadata(), &bem); err != nil || bem.GetBrokerTimestamp() == 0 || bem.Index == nil {
+				t.Fatalf("broker entry metadata %v: %v", &bem, err)
+			}
 		}
 		if err := wire.DecodeMetadata(f.Metadata(), &md); err != nil {
 			t.Fatal(err)

@@ -45,6 +45,7 @@ type options struct {
 	client, version    string
 	execCmd, python    string
 	pythonClient, scen string
+	tag                string
 	timeout            time.Duration
 }
 
@@ -60,6 +61,7 @@ func main() {
 	flag.StringVar(&o.pythonClient, "python-client", "3.13.0", "PyPI pulsar-client version installed into a new venv")
 	flag.StringVar(&o.scen, "scenario", "all", "comma-separated scenario names, or all")
 	flag.DurationVar(&o.timeout, "timeout", 90*time.Second, "per-scenario timeout")
+	flag.StringVar(&o.tag, "tag", "", "suffix for the client directory, for captures against a differently configured broker (e.g. bem)")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "capture:", err)
@@ -75,6 +77,10 @@ func run(o options) error {
 	brokerVersion, err := httpGet(o.admin + "/admin/v2/brokers/version")
 	if err != nil {
 		return fmt.Errorf("broker not reachable: %w", err)
+	}
+	bem, err := exposesBrokerEntryMetadata(o.admin)
+	if err != nil {
+		return err
 	}
 	var drive func(ctx context.Context, url, topic string, s Scenario) error
 	label := o.client
@@ -101,8 +107,11 @@ func run(o options) error {
 		return fmt.Errorf("unknown -client %q without -exec", o.client)
 	}
 	dirName := label + "-" + o.version
+	if o.tag != "" {
+		dirName += "+" + o.tag
+	}
 	for _, s := range list {
-		err := captureOne(o, dirName, brokerVersion, s, drive)
+		err := captureOne(o, dirName, brokerVersion, bem, s, drive)
 		switch {
 		case errors.Is(err, errUnsupported):
 			fmt.Printf("%s/%s: not supported by this client, skipped\n", dirName, s.Name)
@@ -118,13 +127,16 @@ var errUnsupported = errors.New("scenario not supported by the client")
 // manifest is written beside the captured streams; package wire's golden
 // tests read it to know what each capture must contain.
 type manifest struct {
-	Client        string       `json:"client"`
-	ClientVersion string       `json:"client_version"`
-	BrokerVersion string       `json:"broker_version"`
-	Topic         string       `json:"topic"`
-	CapturedAt    string       `json:"captured_at"`
-	Scenario      Scenario     `json:"scenario"`
-	Connections   []connReport `json:"connections"`
+	Client        string `json:"client"`
+	ClientVersion string `json:"client_version"`
+	BrokerVersion string `json:"broker_version"`
+	// BrokerEntryMetadata is true when the broker was configured to put
+	// the 0x0e02 block in MESSAGE frames (clients ask for it by default).
+	BrokerEntryMetadata bool         `json:"broker_entry_metadata"`
+	Topic               string       `json:"topic"`
+	CapturedAt          string       `json:"captured_at"`
+	Scenario            Scenario     `json:"scenario"`
+	Connections         []connReport `json:"connections"`
 }
 
 type connReport struct {
@@ -137,7 +149,7 @@ type connReport struct {
 	RewrittenForClient []string `json:"rewritten_for_client,omitempty"`
 }
 
-func captureOne(o options, dirName, brokerVersion string, s Scenario, drive func(context.Context, string, string, Scenario) error) error {
+func captureOne(o options, dirName, brokerVersion string, bem bool, s Scenario, drive func(context.Context, string, string, Scenario) error) error {
 	relay := &Relay{Broker: o.broker, MaxMessageSize: s.RelayMaxMessageSize}
 	if err := relay.Start(); err != nil {
 		return err
@@ -158,7 +170,7 @@ func captureOne(o options, dirName, brokerVersion string, s Scenario, drive func
 		return err
 	}
 	m := manifest{
-		Client: o.client, ClientVersion: o.version, BrokerVersion: brokerVersion, Topic: topic,
+		Client: o.client, ClientVersion: o.version, BrokerVersion: brokerVersion, BrokerEntryMetadata: bem, Topic: topic,
 		CapturedAt: time.Now().UTC().Format(time.RFC3339), Scenario: s,
 	}
 	for i, rec := range relay.Recordings() {
@@ -255,6 +267,20 @@ func setupPython(python, version string) (string, error) {
 		return "", fmt.Errorf("pulsar-client not importable from %s: %w", python, err)
 	}
 	return strings.TrimSpace(string(out)), nil
+}
+
+// exposesBrokerEntryMetadata reads the broker's runtime configuration.
+func exposesBrokerEntryMetadata(admin string) (bool, error) {
+	js, err := httpGet(admin + "/admin/v2/brokers/configuration/runtime")
+	if err != nil {
+		return false, err
+	}
+	var conf map[string]string
+	if err := json.Unmarshal([]byte(js), &conf); err != nil {
+		return false, fmt.Errorf("runtime configuration: %w", err)
+	}
+	return conf["exposingBrokerEntryMetadataToClientEnabled"] == "true" &&
+		strings.Trim(conf["brokerEntryMetadataInterceptors"], "[] ") != "", nil
 }
 
 func httpGet(url string) (string, error) {
