@@ -254,3 +254,8 @@ func freePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// Attach returns a Broker for a running broker the caller did not start (Stop does nothing).
+func Attach(serviceURL, adminURL, adminToken string) *Broker {
+	return &Broker{ServiceURL: serviceURL, AdminURL: strings.TrimRight(adminURL, "/"), AdminToken: adminToken, http: newHTTPClient()}
+}
