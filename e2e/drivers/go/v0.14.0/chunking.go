@@ -1,0 +1,1 @@
+../common/chunking_yes.go
