@@ -59,7 +59,10 @@ func decompressZlib(region, src []byte) error {
 	if z == nil {
 		z = new(zlibReader)
 	}
-	defer zlibReaders.Put(z)
+	defer func() {
+		z.src.Reset(nil) // do not keep the caller's payload alive in the pool
+		zlibReaders.Put(z)
+	}()
 	z.src.Reset(src)
 	if z.r == nil {
 		r, err := zlib.NewReader(&z.src)
