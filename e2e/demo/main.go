@@ -59,7 +59,7 @@ func run(proxyURL, adminURL string, n int) error {
 			return fmt.Errorf("send %d: %w", i, err)
 		}
 	}
-	if err := producer.Flush(); err != nil {
+	if err := producer.FlushWithCtx(ctx); err != nil {
 		return err
 	}
 	fmt.Printf("demo: produced %d messages through %s to %s in %v\n", n, proxyURL, topic, time.Since(start).Round(time.Millisecond))
