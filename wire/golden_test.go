@@ -59,6 +59,7 @@ type sideReport struct {
 	messages     []message
 	compressions map[pulsarpb.CompressionType]int
 	batches      int
+	largestBatch int
 	chunks       map[string][][]byte // uuid -> chunk payloads in order
 }
 
@@ -220,6 +221,7 @@ func collectMessages(t *testing.T, f wire.Frame, cmd *pulsarpb.BaseCommand, md *
 	rep.batches++
 	plain := decompress(t, md, f.Payload())
 	n := int(md.GetNumMessagesInBatch())
+	rep.largestBatch = max(rep.largestBatch, n)
 	msgs, err := batch.Split(nil, plain, n)
 	if err != nil {
 		t.Fatalf("split %d messages: %v", n, err)
@@ -284,10 +286,14 @@ func decompress(t *testing.T, md *pulsarpb.MessageMetadata, payload []byte) []by
 	return plain
 }
 
-// expectedPayload mirrors the capture drivers' payload pattern.
+// expectedPayload mirrors the drivers' payload convention: "msg-<i>"
+// padded with dots to the scenario's size.
 func expectedPayload(i, size int) []byte {
-	pat := fmt.Sprintf("msg-%04d|", i)
-	return bytes.Repeat([]byte(pat), size/len(pat)+1)[:size]
+	s := fmt.Sprintf("msg-%d", i)
+	if len(s) < size {
+		s += strings.Repeat(".", size-len(s))
+	}
+	return []byte(s)
 }
 
 // checkScenario verifies that a capture holds what its scenario promises,
@@ -313,18 +319,21 @@ func checkScenario(t *testing.T, m *goldenManifest, side string, rep *sideReport
 		if s.Keys && msg.key != fmt.Sprintf("key-%d", i%8) {
 			t.Errorf("%s: message %d key %q", side, i, msg.key)
 		}
-		if s.OrderingKey && string(msg.orderingKey) != fmt.Sprintf("ok-%d", i%4) {
+		if s.OrderingKey && string(msg.orderingKey) != fmt.Sprintf("key-%d", i%8) {
 			t.Errorf("%s: message %d ordering key %q", side, i, msg.orderingKey)
 		}
-		if s.Properties && (msg.props["index"] != fmt.Sprint(i) || msg.props["region"] != []string{"eu", "us"}[i%2]) {
+		if s.Properties && (msg.props["index"] != fmt.Sprint(i) || msg.props["region"] != fmt.Sprint(i%2)) {
 			t.Errorf("%s: message %d properties %v", side, i, msg.props)
 		}
 	}
 	if s.Batching && rep.batches == 0 {
 		t.Errorf("%s: batching scenario without a batch entry", side)
 	}
-	if !s.Batching && rep.batches != 0 {
-		t.Errorf("%s: %d batch entries in an unbatched scenario", side, rep.batches)
+	// With batching off, pulsar-client-go v0.8.1 still sends batch
+	// containers of one message each (captured); v0.12.1 and later, and
+	// the Python client, send plain entries.
+	if !s.Batching && rep.largestBatch > 1 {
+		t.Errorf("%s: a %d-message batch in an unbatched scenario", side, rep.largestBatch)
 	}
 	if s.Chunking && len(rep.chunks) == 0 {
 		t.Errorf("%s: chunking scenario without chunks", side)

@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/klauspost/compress/zlib"
+
 	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
 )
 
@@ -127,6 +129,40 @@ func TestDecompressErrors(t *testing.T) {
 				t.Fatalf("dst changed on error: %q", out)
 			}
 		})
+	}
+}
+
+// The Java client's ZLIB output is sync-flushed and never finished (it ends
+// with 00 00 ff ff and has no Adler-32 trailer); it must decode.
+func TestZlibSyncFlushed(t *testing.T) {
+	in := bytes.Repeat([]byte("java deflater, SYNC_FLUSH "), 40)
+	var buf bytes.Buffer
+	w := zlib.NewWriter(&buf)
+	if _, err := w.Write(in); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Flush(); err != nil { // sync flush, no Close
+		t.Fatal(err)
+	}
+	src := buf.Bytes()
+	if !bytes.HasSuffix(src, []byte{0, 0, 0xff, 0xff}) {
+		t.Fatalf("not a sync-flushed stream: %x", src[len(src)-4:])
+	}
+	out, err := Decompress(nil, pulsarpb.CompressionType_ZLIB, src, len(in), 0)
+	if err != nil || !bytes.Equal(out, in) {
+		t.Fatalf("sync-flushed stream: %v", err)
+	}
+	// Still exact: one byte more or less than declared is corrupt.
+	for _, size := range []int{len(in) - 1, len(in) + 1} {
+		if _, err := Decompress(nil, pulsarpb.CompressionType_ZLIB, src, size, 0); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("declared %d of %d: %v", size, len(in), err)
+		}
+	}
+	// A finished stream with a wrong Adler-32 is still rejected.
+	fin, _ := Compress(nil, pulsarpb.CompressionType_ZLIB, in)
+	fin[len(fin)-1] ^= 1
+	if _, err := Decompress(nil, pulsarpb.CompressionType_ZLIB, fin, len(in), 0); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("bad Adler-32: %v", err)
 	}
 }
 

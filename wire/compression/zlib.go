@@ -47,6 +47,10 @@ func compressZlib(dst, src []byte) ([]byte, error) {
 	return out, nil
 }
 
+// syncFlushMarker ends a deflate stream flushed with Z_SYNC_FLUSH: an empty
+// stored block.
+var syncFlushMarker = []byte{0, 0, 0xff, 0xff}
+
 type zlibReader struct {
 	src bytes.Reader
 	r   io.ReadCloser
@@ -76,11 +80,23 @@ func decompressZlib(region, src []byte) error {
 	if _, err := io.ReadFull(z.r, region); err != nil {
 		return ErrCorrupt
 	}
-	// Reading on to EOF both proves the stream is no longer than declared
-	// and makes the reader verify the Adler-32 trailer.
+	// One more read proves the stream holds no more than declared. A
+	// complete stream then ends with io.EOF after its Adler-32 is checked.
+	// The Java client's codec (Deflater with SYNC_FLUSH) never finishes the
+	// stream: no final block, no trailer, so the input runs out instead
+	// (io.ErrUnexpectedEOF). Java's Inflater and the Go client, which reads
+	// exactly uncompressed_size bytes, both accept that, so we must too.
+	// Only a stream that ends with the sync-flush marker may stop there;
+	// any other early end is a truncation.
 	var one [1]byte
-	if n, err := z.r.Read(one[:]); n != 0 || err != io.EOF {
+	n, err := z.r.Read(one[:])
+	switch {
+	case n != 0:
 		return ErrCorrupt
+	case err == io.EOF:
+		return nil
+	case err == io.ErrUnexpectedEOF && bytes.HasSuffix(src, syncFlushMarker):
+		return nil
 	}
-	return nil
+	return ErrCorrupt
 }

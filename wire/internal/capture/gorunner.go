@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/apache/pulsar-client-go/pulsar"
@@ -23,15 +24,15 @@ func goClientVersion() string {
 	return "unknown"
 }
 
-// payloadFor returns message i's payload: compressible text of the
-// scenario's size, distinct per message.
+// payloadFor returns message i's payload, "msg-<i>" padded with dots to
+// the scenario's size: the convention of the e2e drivers (e2e/drivers), so
+// every capture can be checked the same way.
 func payloadFor(i, size int) []byte {
-	b := make([]byte, size)
-	pat := fmt.Sprintf("msg-%04d|", i)
-	for j := range b {
-		b[j] = pat[j%len(pat)]
+	s := "msg-" + strconv.Itoa(i)
+	if len(s) < size {
+		s += strings.Repeat(".", size-len(s))
 	}
-	return b
+	return []byte(s)
 }
 
 // runGo drives one scenario with the pulsar-client-go linked into this
@@ -95,12 +96,12 @@ func runGo(ctx context.Context, url, topic string, s Scenario) error {
 		m := &pulsar.ProducerMessage{Payload: payloadFor(i, s.Size), EventTime: time.UnixMilli(1700000000000 + int64(i))}
 		if s.Keys {
 			m.Key = "key-" + strconv.Itoa(i%8)
-		}
-		if s.OrderingKey {
-			m.OrderingKey = "ok-" + strconv.Itoa(i%4)
+			if s.OrderingKey {
+				m.OrderingKey = m.Key
+			}
 		}
 		if s.Properties {
-			m.Properties = map[string]string{"index": strconv.Itoa(i), "region": []string{"eu", "us"}[i%2]}
+			m.Properties = map[string]string{"index": strconv.Itoa(i), "region": strconv.Itoa(i % 2)}
 		}
 		if s.Batching {
 			producer.SendAsync(ctx, m, func(_ pulsar.MessageID, _ *pulsar.ProducerMessage, err error) { errs <- err })

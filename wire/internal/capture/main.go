@@ -17,8 +17,10 @@
 //
 //	go run ./wire/internal/capture -client go                # pulsar-client-go linked here
 //	go run ./wire/internal/capture -client python            # PyPI pulsar-client in a venv under wire/.cache
-//	go run ./wire/internal/capture -client java-4.0.8 -client-version 4.0.8 \
-//	    -exec 'java -cp ... MyDriver --url {url} --topic {topic}'  # any driver taking Scenario.Args
+//	go run ./wire/internal/capture -driver go-v0.8.1             # any pinned client of e2e/drivers
+//	go run ./wire/internal/capture -driver java-4.0.13
+//	go run ./wire/internal/capture -client mine -client-version 1.0 \
+//	    -exec 'my-driver --url {url} --topic {topic}'            # any driver taking Scenario.Args
 //
 // -scenario selects a comma-separated subset (default all).
 package main
@@ -37,6 +39,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rebatchproxy/rebatchproxy/e2e/drivers"
 	"github.com/rebatchproxy/rebatchproxy/wire"
 )
 
@@ -46,6 +49,7 @@ type options struct {
 	execCmd, python    string
 	pythonClient, scen string
 	tag                string
+	driver             string
 	timeout            time.Duration
 }
 
@@ -61,6 +65,7 @@ func main() {
 	flag.StringVar(&o.pythonClient, "python-client", "3.13.0", "PyPI pulsar-client version installed into a new venv")
 	flag.StringVar(&o.scen, "scenario", "all", "comma-separated scenario names, or all")
 	flag.DurationVar(&o.timeout, "timeout", 90*time.Second, "per-scenario timeout")
+	flag.StringVar(&o.driver, "driver", "", "name of an e2e/drivers client, e.g. go-v0.8.1, java-4.0.13, python-3.1.0")
 	flag.StringVar(&o.tag, "tag", "", "suffix for the client directory, for captures against a differently configured broker (e.g. bem)")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -85,6 +90,18 @@ func run(o options) error {
 	var drive func(ctx context.Context, url, topic string, s Scenario) error
 	label := o.client
 	switch {
+	case o.driver != "":
+		d, err := drivers.ByName(o.driver)
+		if err != nil {
+			return err
+		}
+		if err := d.Prepare(context.Background()); err != nil {
+			return fmt.Errorf("prepare %s: %w", d.Name, err)
+		}
+		label, o.client, o.version = d.Client, d.Client, d.Version
+		drive = func(ctx context.Context, url, topic string, s Scenario) error {
+			return runE2EDriver(ctx, d, url, topic, s)
+		}
 	case o.execCmd != "":
 		if o.version == "" {
 			return errors.New("-exec needs -client-version")
@@ -110,14 +127,21 @@ func run(o options) error {
 	if o.tag != "" {
 		dirName += "+" + o.tag
 	}
+	// A client failing one scenario (old releases have bugs) must not cost
+	// the captures of the others: report the failures at the end.
+	var failed []string
 	for _, s := range list {
 		err := captureOne(o, dirName, brokerVersion, bem, s, drive)
 		switch {
 		case errors.Is(err, errUnsupported):
 			fmt.Printf("%s/%s: not supported by this client, skipped\n", dirName, s.Name)
 		case err != nil:
-			return fmt.Errorf("%s/%s: %w", dirName, s.Name, err)
+			fmt.Fprintf(os.Stderr, "%s/%s: FAILED: %v\n", dirName, s.Name, err)
+			failed = append(failed, s.Name)
 		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("%s: %d scenario(s) failed, nothing written for them: %s", dirName, len(failed), strings.Join(failed, ", "))
 	}
 	return nil
 }

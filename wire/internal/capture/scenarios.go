@@ -10,13 +10,13 @@ import (
 type Scenario struct {
 	Name        string `json:"name"`
 	Description string `json:"description"`
-	Count       int    `json:"count"`       // messages produced
-	Batching    bool   `json:"batching"`    // client-side batching on
-	KeyBased    bool   `json:"key_based"`   // key-based batch builder
-	Compression string `json:"compression"` // none|lz4|zlib|zstd|snappy
-	Keys        bool   `json:"keys"`        // partition keys (8 distinct)
-	OrderingKey bool   `json:"ordering_key"`
-	Properties  bool   `json:"properties"` // two properties per message
+	Count       int    `json:"count"`        // messages produced
+	Batching    bool   `json:"batching"`     // client-side batching on
+	KeyBased    bool   `json:"key_based"`    // key-based batch builder
+	Compression string `json:"compression"`  // none|lz4|zlib|zstd|snappy
+	Keys        bool   `json:"keys"`         // partition keys (8 distinct)
+	OrderingKey bool   `json:"ordering_key"` // the key is also the ordering key
+	Properties  bool   `json:"properties"`   // two properties per message
 	Chunking    bool   `json:"chunking"`
 	ChunkSize   int    `json:"chunk_size,omitempty"` // client chunk size, 0: client default
 	Size        int    `json:"size"`                 // payload bytes per message

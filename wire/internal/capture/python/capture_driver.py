@@ -58,15 +58,17 @@ def main():
         )
         results = []
         for i in range(a.count):
-            pat = ("msg-%04d|" % i).encode()
-            payload = (pat * (a.size // len(pat) + 1))[: a.size]
+            # Same conventions as the e2e drivers: "msg-<i>" padded with
+            # dots, keys key-<i%8>, ordering key = key, index and region
+            # properties.
+            payload = ("msg-%d" % i).ljust(a.size, ".").encode()
             kw = {"event_timestamp": 1700000000000 + i}
             if a.keys:
                 kw["partition_key"] = "key-%d" % (i % 8)
-            if a.ordering_key:
-                kw["ordering_key"] = "ok-%d" % (i % 4)
+                if a.ordering_key:
+                    kw["ordering_key"] = kw["partition_key"]
             if a.properties:
-                kw["properties"] = {"index": str(i), "region": ["eu", "us"][i % 2]}
+                kw["properties"] = {"index": str(i), "region": str(i % 2)}
             if a.batching:
                 producer.send_async(payload, lambda res, _id: results.append(res), **kw)
             else:
