@@ -159,6 +159,18 @@ func hashFiles(files []string, extra ...string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 
+func toolIdentity(path string) (string, error) {
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return "", err
+	}
+	st, err := os.Stat(real)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s %d %d", real, st.Size(), st.ModTime().UnixNano()), nil
+}
+
 func exists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
@@ -302,13 +314,13 @@ func (d *Driver) prepareJava(ctx context.Context, src, cache string) ([]string, 
 		}
 	}
 	source := filepath.Join(src, "java", "PulsarDriver.java")
-	vctx, cancel := context.WithTimeout(ctx, toolProbeTimeout)
-	defer cancel()
-	jv, err := exec.CommandContext(vctx, javac, "-version").CombinedOutput()
+	// The JDK's identity (its resolved javac path and that file's size and time) is part of the
+	// key; it avoids starting a JVM just to ask javac for its version.
+	jv, err := toolIdentity(javac)
 	if err != nil {
-		return nil, fmt.Errorf("javac -version: %w", err)
+		return nil, err
 	}
-	hash, err := hashFiles([]string{source, marker}, strings.TrimSpace(string(jv)), d.Version)
+	hash, err := hashFiles([]string{source, marker}, jv, d.Version)
 	if err != nil {
 		return nil, err
 	}

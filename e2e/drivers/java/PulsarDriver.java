@@ -59,7 +59,10 @@ class DriverRecord {
 public final class PulsarDriver {
     static final int EXIT_OK = 0, EXIT_FAILED = 1, EXIT_USAGE = 2, EXIT_UNSUPPORTED = 3;
 
-    /** Same text as in the Go and Python drivers, so that they can share a topic. */
+    /**
+     * The schema the Go and Python drivers declare; here it is derived from {@link DriverRecord}
+     * (the API refuses a POJO and a JSON definition together), and "schema-text" prints both.
+     */
     static final String RECORD_SCHEMA = "{\"type\":\"record\",\"name\":\"DriverRecord\","
             + "\"namespace\":\"rebatchproxy.drivers\",\"fields\":[{\"name\":\"i\",\"type\":\"int\"},"
             + "{\"name\":\"text\",\"type\":\"string\"}]}";
@@ -298,11 +301,12 @@ public final class PulsarDriver {
         return id == null ? "" : id.toString();
     }
 
-    static PulsarClient client(Flags f) throws Exception {
+    /** The client's own retries are bounded by the run's deadline as well. */
+    static PulsarClient client(Flags f, long deadlineMs) throws Exception {
         ClientBuilder b = PulsarClient.builder()
                 .serviceUrl(f.str("url", "pulsar://127.0.0.1:6650"))
-                .operationTimeout(30, TimeUnit.SECONDS)
-                .connectionTimeout(10, TimeUnit.SECONDS);
+                .operationTimeout((int) Math.max(1000, Math.min(30000, deadlineMs)), TimeUnit.MILLISECONDS)
+                .connectionTimeout((int) Math.max(1000, Math.min(10000, deadlineMs)), TimeUnit.MILLISECONDS);
         String token = f.str("token", "");
         if (!token.isEmpty()) {
             b.authentication(AuthenticationFactory.token(token));
@@ -317,10 +321,10 @@ public final class PulsarDriver {
                 return (Schema) Schema.BYTES;
             case "json":
                 return (Schema) Schema.JSON(SchemaDefinition.<DriverRecord>builder()
-                        .withPojo(DriverRecord.class).withJsonDef(RECORD_SCHEMA).build());
+                        .withPojo(DriverRecord.class).withAlwaysAllowNull(false).build());
             case "avro":
                 return (Schema) Schema.AVRO(SchemaDefinition.<DriverRecord>builder()
-                        .withPojo(DriverRecord.class).withJsonDef(RECORD_SCHEMA).build());
+                        .withPojo(DriverRecord.class).withAlwaysAllowNull(false).build());
             default:
                 throw usage("unknown --schema " + name);
         }
@@ -396,7 +400,7 @@ public final class PulsarDriver {
         PulsarClient client;
         ProducerBuilder<Object> pb;
         try {
-            client = client(f);
+            client = client(f, timeoutMs);
         } catch (Exception e) {
             summary.put("acked", 0);
             summary.put("failed", count);
@@ -617,7 +621,7 @@ public final class PulsarDriver {
         Map<String, Object> summary = obj("kind", "summary", "op", "consume", "client", clientName(), "count", count);
         PulsarClient client;
         try {
-            client = client(f);
+            client = client(f, timeoutMs);
         } catch (Exception e) {
             summary.put("error", "client: " + rootMessage(e));
             emit(summary);
@@ -732,6 +736,12 @@ public final class PulsarDriver {
                 case "produce": code = produce(args); break;
                 case "consume": code = consume(args); break;
                 case "version": emit(obj("kind", "version", "client", clientName())); code = EXIT_OK; break;
+                case "schema-text":
+                    emit(obj("kind", "schema", "declared", RECORD_SCHEMA,
+                            "json", new String(schema("json").getSchemaInfo().getSchema(), StandardCharsets.UTF_8),
+                            "avro", new String(schema("avro").getSchemaInfo().getSchema(), StandardCharsets.UTF_8)));
+                    code = EXIT_OK;
+                    break;
                 default: throw usage("unknown subcommand " + args[0]);
             }
         } catch (Exit e) {

@@ -113,7 +113,9 @@ def client_logger():
 
 
 def make_client(a):
-    kw = dict(operation_timeout_seconds=30, connection_timeout_ms=10000, logger=client_logger())
+    # The client's own retries are bounded by the run's deadline as well.
+    kw = dict(operation_timeout_seconds=max(1, min(30, a.timeout_ms // 1000)),
+              connection_timeout_ms=max(1000, min(10000, a.timeout_ms)), logger=client_logger())
     if a.token:
         kw["authentication"] = pulsar.AuthenticationToken(a.token)
     return pulsar.Client(a.url, **kw)

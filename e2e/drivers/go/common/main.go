@@ -36,9 +36,11 @@ const (
 const recordSchema = `{"type":"record","name":"DriverRecord","namespace":"rebatchproxy.drivers",` +
 	`"fields":[{"name":"i","type":"int"},{"name":"text","type":"string"}]}`
 
+// record carries both tags: older clients encode Avro through encoding/json (goavro), newer ones
+// through hamba/avro, which reads the avro tag.
 type record struct {
-	I    int    `json:"i"`
-	Text string `json:"text"`
+	I    int    `json:"i" avro:"i"`
+	Text string `json:"text" avro:"text"`
 }
 
 var (
@@ -165,11 +167,12 @@ func nullIfEmpty(s string) any {
 	return s
 }
 
-func clientOptions(url, token string) pulsar.ClientOptions {
+// clientOptions bounds the client's own retries by the run's deadline as well.
+func clientOptions(url, token string, deadline time.Duration) pulsar.ClientOptions {
 	o := pulsar.ClientOptions{
 		URL:               url,
-		OperationTimeout:  30 * time.Second,
-		ConnectionTimeout: 10 * time.Second,
+		OperationTimeout:  min(30*time.Second, deadline),
+		ConnectionTimeout: min(10*time.Second, deadline),
 	}
 	if token != "" {
 		o.Authentication = pulsar.NewAuthenticationToken(token)
@@ -313,7 +316,7 @@ func produce(args []string) int {
 		return exitFailed
 	}
 
-	client, err := pulsar.NewClient(clientOptions(*url, *token))
+	client, err := pulsar.NewClient(clientOptions(*url, *token, time.Duration(*timeoutMs)*time.Millisecond))
 	if err != nil {
 		return fail("client", err)
 	}
@@ -399,8 +402,12 @@ func produce(args []string) int {
 		})
 	}
 	if !*syncSend {
-		if err := producer.Flush(); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-			emit(map[string]any{"kind": "warning", "detail": "flush: " + err.Error()})
+		// Flush only matters with batching; v0.10.0's Flush also panics (nil batch builder) when
+		// batching is disabled.
+		if batchingOn {
+			if err := producer.Flush(); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+				emit(map[string]any{"kind": "warning", "detail": "flush: " + err.Error()})
+			}
 		}
 		done := make(chan struct{})
 		go func() { wg.Wait(); close(done) }()
@@ -523,7 +530,7 @@ func consume(args []string) int {
 	defer cancel()
 	start := time.Now()
 	summary := map[string]any{"kind": "summary", "op": "consume", "client": clientName(), "count": *count}
-	client, err := pulsar.NewClient(clientOptions(*url, *token))
+	client, err := pulsar.NewClient(clientOptions(*url, *token, time.Duration(*timeoutMs)*time.Millisecond))
 	if err != nil {
 		summary["error"] = "client: " + err.Error()
 		emit(summary)
