@@ -296,6 +296,15 @@ func expectedPayload(i, size int) []byte {
 	return []byte(s)
 }
 
+// droppedOrderingKey lists captures whose client loses the ordering key:
+// pulsar-client-go v0.10.0 builds the MessageMetadata of an unbatched
+// message without ordering_key (producer_partition.go sets it only on the
+// SingleMessageMetadata of batched ones). v0.8.1 is not affected because it
+// always sends batch containers; v0.12.1 and later set it.
+var droppedOrderingKey = map[string]bool{
+	"go-v0.10.0/unbatched-keyed-props": true,
+}
+
 // checkScenario verifies that a capture holds what its scenario promises,
 // so a capture that silently missed a feature fails here.
 func checkScenario(t *testing.T, m *goldenManifest, side string, rep *sideReport) {
@@ -319,8 +328,14 @@ func checkScenario(t *testing.T, m *goldenManifest, side string, rep *sideReport
 		if s.Keys && msg.key != fmt.Sprintf("key-%d", i%8) {
 			t.Errorf("%s: message %d key %q", side, i, msg.key)
 		}
-		if s.OrderingKey && string(msg.orderingKey) != fmt.Sprintf("key-%d", i%8) {
-			t.Errorf("%s: message %d ordering key %q", side, i, msg.orderingKey)
+		if s.OrderingKey {
+			want := fmt.Sprintf("key-%d", i%8)
+			if droppedOrderingKey[m.Client+"-"+m.ClientVersion+"/"+s.Name] {
+				want = "" // the observed client bug, checked so a fix shows up
+			}
+			if string(msg.orderingKey) != want {
+				t.Errorf("%s: message %d ordering key %q, want %q", side, i, msg.orderingKey, want)
+			}
 		}
 		if s.Properties && (msg.props["index"] != fmt.Sprint(i) || msg.props["region"] != fmt.Sprint(i%2)) {
 			t.Errorf("%s: message %d properties %v", side, i, msg.props)
