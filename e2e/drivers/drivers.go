@@ -51,6 +51,31 @@ const (
 	FeatureObserveSeq    Feature = "observe-seq"          // consumer reports each message's sequence id
 )
 
+// Quirk is a known misbehaviour of a released client. Drivers do not hide quirks; tests that meet
+// one assert it, so that a fix (or a new occurrence) is noticed.
+type Quirk string
+
+// Known quirks.
+const (
+	// QuirkDropsUnbatchedOrderingKey: with batching off, the client sends no ordering key
+	// (pulsar-client-go v0.10.0; v0.8.1 sends unbatched messages as batches of one and keeps it).
+	QuirkDropsUnbatchedOrderingKey Quirk = "drops-unbatched-ordering-key"
+)
+
+var quirks = map[string][]Quirk{
+	"go-v0.10.0": {QuirkDropsUnbatchedOrderingKey},
+}
+
+// HasQuirk says whether the driver's client is known to show q.
+func (d *Driver) HasQuirk(q Quirk) bool {
+	for _, x := range quirks[d.Name] {
+		if x == q {
+			return true
+		}
+	}
+	return false
+}
+
 // Driver is one pinned client version.
 type Driver struct {
 	Name    string // e.g. "go-v0.8.1", "java-4.0.13", "python-3.13.0"
