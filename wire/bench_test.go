@@ -106,3 +106,30 @@ func BenchmarkSendRestamp(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSendStampRaw is BenchmarkSendRestamp's work without decoding the
+// metadata: the same two stamps applied by AppendStampedFrame.
+func BenchmarkSendStampRaw(b *testing.B) {
+	md := &pulsarpb.MessageMetadata{
+		ProducerName: proto.String("standalone-0-7"), SequenceId: proto.Uint64(41), PublishTime: proto.Uint64(1700000000000),
+		PartitionKey: proto.String("user-42"), Properties: []*pulsarpb.KeyValue{{Key: proto.String("region"), Value: proto.String("eu")}},
+		NumMessagesInBatch: proto.Int32(10), UncompressedSize: proto.Uint32(1000), Compression: pulsarpb.CompressionType_LZ4.Enum(),
+	}
+	frame, err := AppendSendFrameMetadata(nil, &Send{ProducerID: 1, SequenceID: 41, NumMessages: 10}, md, bytes.Repeat([]byte{'x'}, 1000))
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := make([]byte, 0, 2*len(frame))
+	st := &Stamp{SetProperties: []KeyValue{{"tier", "gold"}}, SetEntryHashRange: true, EntryHashMin: 100, EntryHashMax: 200}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		f, _, err := ReadFrame(frame, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if out, err = AppendStampedFrame(out[:0], f, st); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -163,9 +163,10 @@ func parseFrame(b []byte) (Frame, bool) {
 
 // peekCommandType returns field 1 of a BaseCommand. It walks every
 // top-level field, so a later duplicate of field 1 wins as in any protobuf
-// decoder, and it rejects truncated fields and group wire types (which
-// Pulsar never uses). Nested messages are skipped by length, so the cost is
-// a few varints per frame.
+// decoder, and it rejects truncated fields. Nested messages are skipped by
+// length, so the cost is a few varints per frame. The common wire types are
+// handled inline (this runs for every frame); groups, which Pulsar never
+// sends but decoders skip, go through pbscan.Next.
 func peekCommandType(cmd []byte) (pulsarpb.BaseCommand_Type, bool) {
 	var typ uint64
 	found := false
@@ -174,35 +175,28 @@ func peekCommandType(cmd []byte) (pulsarpb.BaseCommand_Type, bool) {
 		if n == 0 || key>>3 == 0 {
 			return 0, false
 		}
-		i += n
 		switch key & 7 {
-		case 0: // varint
-			v, n := pbscan.Uvarint(cmd[i:])
-			if n == 0 {
+		case pbscan.Varint:
+			v, m := pbscan.Uvarint(cmd[i+n:])
+			if m == 0 {
 				return 0, false
 			}
-			i += n
 			if key>>3 == 1 {
 				typ, found = v, true
 			}
-		case 1: // fixed64
-			if len(cmd)-i < 8 {
+			i += n + m
+		case pbscan.Bytes:
+			l, m := pbscan.Uvarint(cmd[i+n:])
+			if m == 0 || l > uint64(len(cmd)-i-n-m) {
 				return 0, false
 			}
-			i += 8
-		case 2: // length-delimited
-			l, n := pbscan.Uvarint(cmd[i:])
-			if n == 0 || l > uint64(len(cmd)-i-n) {
-				return 0, false
-			}
-			i += n + int(l)
-		case 5: // fixed32
-			if len(cmd)-i < 4 {
-				return 0, false
-			}
-			i += 4
+			i += n + m + int(l)
 		default:
-			return 0, false
+			_, m := pbscan.Next(cmd[i:])
+			if m == 0 {
+				return 0, false
+			}
+			i += m
 		}
 	}
 	if !found || typ == 0 || typ > 1<<31-1 {

@@ -125,6 +125,26 @@ func FuzzMetadataDecode(f *testing.F) {
 		if !bytes.Equal(enc, enc2) {
 			t.Fatal("encoding not stable")
 		}
+		// Raw stamping must agree with the struct helpers.
+		st := &Stamp{
+			SetProperties: []KeyValue{{"stamp", "x"}}, DeleteProperties: []string{"k"},
+			SetOrderingKey: true, OrderingKey: []byte("ok"), SetNumMessagesInBatch: true, NumMessagesInBatch: 2,
+			SetSequenceID: true, SequenceID: 9, SetEntryHashRange: true, EntryHashMin: 5, EntryHashMax: 6,
+		}
+		raw, err := AppendStampedMetadata(nil, in, st)
+		if err != nil {
+			t.Fatalf("decodable metadata refused by the raw stamper: %v", err)
+		}
+		var viaRaw, viaStruct pulsarpb.MessageMetadata
+		if err := DecodeMetadata(raw, &viaRaw); err != nil {
+			t.Fatalf("raw-stamped metadata does not decode: %v", err)
+		}
+		if err := DecodeMetadata(in, &viaStruct); err != nil {
+			t.Fatal(err)
+		}
+		applyStruct(&viaStruct, st)
+		sameMetadata(t, &viaRaw, &viaStruct)
+
 		frame := AppendSendFrame(nil, &Send{ProducerID: 1}, in, []byte("pl"))
 		fr, _, err := ReadFrame(frame, 0)
 		if err != nil {

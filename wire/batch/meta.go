@@ -40,67 +40,45 @@ const (
 
 // ParseSingleMeta decodes the fields of an encoded SingleMessageMetadata
 // without allocating. payload_size is required (the batch cannot be walked
-// without it); its absence or a malformed encoding is ErrMalformed.
+// without it); its absence or a malformed encoding is ErrMalformed. Fields
+// with an unexpected wire type are skipped, as a protobuf decoder keeps
+// them as unknown fields.
 func ParseSingleMeta(b []byte) (SingleMeta, error) {
 	m := SingleMeta{raw: b}
 	hasSize := false
 	for i := 0; i < len(b); {
-		key, n := pbscan.Uvarint(b[i:])
-		if n == 0 || key>>3 == 0 {
+		f, n := pbscan.Next(b[i:])
+		if n == 0 {
 			return SingleMeta{}, ErrMalformed
 		}
 		i += n
-		num := key >> 3
-		switch key & 7 {
-		case 0:
-			v, n := pbscan.Uvarint(b[i:])
-			if n == 0 {
-				return SingleMeta{}, ErrMalformed
-			}
-			i += n
-			switch num {
+		switch f.WireType {
+		case pbscan.Varint:
+			switch f.Num {
 			case smmPayloadSize:
-				m.PayloadSize, hasSize = int32(v), true
+				m.PayloadSize, hasSize = int32(f.V), true
 			case smmCompactedOut:
-				m.CompactedOut = v != 0
+				m.CompactedOut = f.V != 0
 			case smmEventTime:
-				m.EventTime = v
+				m.EventTime = f.V
 			case smmPartitionKeyB64:
-				m.PartitionKeyB64Encoded = v != 0
+				m.PartitionKeyB64Encoded = f.V != 0
 			case smmSequenceID:
-				m.SequenceID, m.HasSequenceID = v, true
+				m.SequenceID, m.HasSequenceID = f.V, true
 			case smmNullValue:
-				m.NullValue = v != 0
+				m.NullValue = f.V != 0
 			case smmNullPartitionKey:
-				m.NullPartitionKey = v != 0
+				m.NullPartitionKey = f.V != 0
 			}
-		case 2:
-			l, n := pbscan.Uvarint(b[i:])
-			if n == 0 || l > uint64(len(b)-i-n) {
-				return SingleMeta{}, ErrMalformed
-			}
-			v := b[i+n : i+n+int(l)]
-			i += n + int(l)
-			switch num {
+		case pbscan.Bytes:
+			switch f.Num {
 			case smmProperties:
 				m.NumProperties++
 			case smmPartitionKey:
-				m.PartitionKey, m.HasPartitionKey = v, true
+				m.PartitionKey, m.HasPartitionKey = f.B, true
 			case smmOrderingKey:
-				m.OrderingKey, m.HasOrderingKey = v, true
+				m.OrderingKey, m.HasOrderingKey = f.B, true
 			}
-		case 1:
-			if len(b)-i < 8 {
-				return SingleMeta{}, ErrMalformed
-			}
-			i += 8
-		case 5:
-			if len(b)-i < 4 {
-				return SingleMeta{}, ErrMalformed
-			}
-			i += 4
-		default:
-			return SingleMeta{}, ErrMalformed
 		}
 	}
 	if !hasSize {
@@ -128,33 +106,20 @@ func (m SingleMeta) Raw() []byte { return m.raw }
 func (m SingleMeta) Properties(fn func(key, value []byte) bool) error {
 	b := m.raw
 	for i := 0; i < len(b); {
-		key, n := pbscan.Uvarint(b[i:])
+		f, n := pbscan.Next(b[i:])
 		if n == 0 {
 			return ErrMalformed
 		}
 		i += n
-		switch key & 7 {
-		case 0:
-			_, n := pbscan.Uvarint(b[i:])
-			i += n
-		case 1:
-			i += 8
-		case 5:
-			i += 4
-		case 2:
-			l, n := pbscan.Uvarint(b[i:])
-			v := b[i+n : i+n+int(l)]
-			i += n + int(l)
-			if key>>3 != smmProperties {
-				continue
-			}
-			k, val, ok := parseKeyValue(v)
-			if !ok {
-				return ErrMalformed
-			}
-			if !fn(k, val) {
-				return nil
-			}
+		if f.Num != smmProperties || f.WireType != pbscan.Bytes {
+			continue
+		}
+		k, v, ok := parseKeyValue(f.B)
+		if !ok {
+			return ErrMalformed
+		}
+		if !fn(k, v) {
+			return nil
 		}
 	}
 	return nil
@@ -172,46 +137,23 @@ func (m SingleMeta) Property(key string) (value []byte, ok bool) {
 	return value, ok
 }
 
-// parseKeyValue decodes a KeyValue message (key=1, value=2; both strings).
+// parseKeyValue decodes a KeyValue message (key=1, value=2; both strings;
+// the last occurrence wins, as in any decoder).
 func parseKeyValue(b []byte) (k, v []byte, ok bool) {
 	for i := 0; i < len(b); {
-		key, n := pbscan.Uvarint(b[i:])
+		f, n := pbscan.Next(b[i:])
 		if n == 0 {
 			return nil, nil, false
 		}
 		i += n
-		switch key & 7 {
-		case 2:
-			l, n := pbscan.Uvarint(b[i:])
-			if n == 0 || l > uint64(len(b)-i-n) {
-				return nil, nil, false
-			}
-			s := b[i+n : i+n+int(l)]
-			i += n + int(l)
-			switch key >> 3 {
-			case 1:
-				k = s
-			case 2:
-				v = s
-			}
-		case 0:
-			_, n := pbscan.Uvarint(b[i:])
-			if n == 0 {
-				return nil, nil, false
-			}
-			i += n
+		if f.WireType != pbscan.Bytes {
+			continue
+		}
+		switch f.Num {
 		case 1:
-			if len(b)-i < 8 {
-				return nil, nil, false
-			}
-			i += 8
-		case 5:
-			if len(b)-i < 4 {
-				return nil, nil, false
-			}
-			i += 4
-		default:
-			return nil, nil, false
+			k = f.B
+		case 2:
+			v = f.B
 		}
 	}
 	return k, v, true

@@ -6,14 +6,22 @@
 // The functions are pure and safe for concurrent use.
 package pbscan
 
-// Wire types used by Pulsar messages. Groups (3, 4) never occur and are
-// rejected as malformed.
+// Wire types. Pulsar messages never use groups, but protobuf decoders
+// (Go's, and so the proxy's full decodes) skip a group found where an
+// unknown field may be, so Next skips them too rather than call the
+// message malformed.
 const (
-	Varint  = 0
-	Fixed64 = 1
-	Bytes   = 2
-	Fixed32 = 5
+	Varint     = 0
+	Fixed64    = 1
+	Bytes      = 2
+	StartGroup = 3
+	EndGroup   = 4
+	Fixed32    = 5
 )
+
+// maxGroupDepth bounds group nesting, as the protobuf runtime bounds
+// recursion, so hostile input cannot make skipping quadratic or deep.
+const maxGroupDepth = 100
 
 // Field is one decoded field. For Varint, Fixed64 and Fixed32 the value is
 // in V (fixed types little-endian as on the wire); for Bytes the contents
@@ -48,7 +56,8 @@ func Uvarint(b []byte) (v uint64, n int) {
 }
 
 // Next decodes the field at the start of b and returns the bytes it used,
-// or 0 when b is malformed (truncated, field number 0, group wire type).
+// or 0 when b is malformed (truncated, field number 0, a stray end-group,
+// an unterminated group). For a group, B holds its contents.
 func Next(b []byte) (Field, int) {
 	key, n := Uvarint(b)
 	if n == 0 || key>>3 == 0 {
@@ -84,8 +93,75 @@ func Next(b []byte) (Field, int) {
 		}
 		f.V = uint64(b[n]) | uint64(b[n+1])<<8 | uint64(b[n+2])<<16 | uint64(b[n+3])<<24
 		return f, n + 4
+	case StartGroup:
+		contents, end, ok := skipGroup(b[n:], f.Num)
+		if !ok {
+			return Field{}, 0
+		}
+		f.B = b[n : n+contents]
+		return f, n + end
 	}
 	return Field{}, 0
+}
+
+// skipGroup returns the length of a group's contents and of the contents
+// plus its end-group tag, for a group of field num whose start tag has been
+// consumed.
+func skipGroup(b []byte, num uint64) (contents, end int, ok bool) {
+	// The stack of open group numbers lives in a fixed array: no recursion,
+	// no allocation.
+	var open [maxGroupDepth]uint64
+	depth := 0
+	open[0] = num
+	for i := 0; i < len(b); {
+		tag := i
+		key, n := Uvarint(b[i:])
+		if n == 0 || key>>3 == 0 {
+			return 0, 0, false
+		}
+		i += n
+		switch key & 7 {
+		case Varint:
+			_, m := Uvarint(b[i:])
+			if m == 0 {
+				return 0, 0, false
+			}
+			i += m
+		case Fixed64:
+			if len(b)-i < 8 {
+				return 0, 0, false
+			}
+			i += 8
+		case Bytes:
+			l, m := Uvarint(b[i:])
+			if m == 0 || l > uint64(len(b)-i-m) {
+				return 0, 0, false
+			}
+			i += m + int(l)
+		case Fixed32:
+			if len(b)-i < 4 {
+				return 0, 0, false
+			}
+			i += 4
+		case StartGroup:
+			depth++
+			if depth == maxGroupDepth {
+				return 0, 0, false
+			}
+			open[depth] = key >> 3
+		case EndGroup:
+			if key>>3 != open[depth] {
+				return 0, 0, false
+			}
+			if depth == 0 {
+				return tag, i, true
+			}
+			depth--
+		default:
+			return 0, 0, false
+		}
+	}
+	return 0, 0, false
 }
 
 // Valid reports whether msg is a well-formed sequence of top-level fields

@@ -79,3 +79,41 @@ func TestNextAndAppend(t *testing.T) {
 		t.Fatal("VarintLen")
 	}
 }
+
+// Groups never occur in Pulsar messages but protobuf decoders skip them, so
+// Next must too, exactly as far as protowire does.
+func TestGroups(t *testing.T) {
+	var inner []byte
+	inner = protowire.AppendTag(inner, 1, protowire.Fixed32Type)
+	inner = protowire.AppendFixed32(inner, 0xffffffff) // high bytes right before the end tag
+	inner = protowire.AppendTag(inner, 2, protowire.StartGroupType)
+	inner = protowire.AppendTag(inner, 3, protowire.VarintType)
+	inner = protowire.AppendVarint(inner, 1)
+	inner = protowire.AppendTag(inner, 2, protowire.EndGroupType)
+	var msg []byte
+	msg = protowire.AppendTag(msg, 300, protowire.StartGroupType)
+	msg = append(msg, inner...)
+	msg = protowire.AppendTag(msg, 300, protowire.EndGroupType)
+	msg = protowire.AppendTag(msg, 1, protowire.VarintType)
+	msg = protowire.AppendVarint(msg, 5)
+
+	f, n := Next(msg)
+	_, _, pn := protowire.ConsumeField(msg)
+	if n != pn || f.Num != 300 || f.WireType != StartGroup || !bytes.Equal(f.B, inner) {
+		t.Fatalf("group: n=%d (protowire %d) num=%d contents %x", n, pn, f.Num, f.B)
+	}
+	if !Valid(msg) {
+		t.Fatal("message with a group is valid")
+	}
+	bad := map[string][]byte{
+		"unterminated":      msg[:n-2],
+		"mismatched end":    append(protowire.AppendTag(nil, 7, protowire.StartGroupType), protowire.AppendTag(nil, 8, protowire.EndGroupType)...),
+		"stray end group":   protowire.AppendTag(nil, 7, protowire.EndGroupType),
+		"too deeply nested": bytes.Repeat(protowire.AppendTag(nil, 1, protowire.StartGroupType), maxGroupDepth+1),
+	}
+	for name, b := range bad {
+		if _, n := Next(b); n != 0 {
+			t.Errorf("%s: Next accepted %x", name, b)
+		}
+	}
+}
