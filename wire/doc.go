@@ -14,7 +14,9 @@
 //   - DecodeMetadata / AppendMetadata and the Set* stamping helpers edit a
 //     MessageMetadata; AppendRestampedFrame and AppendSendFrameMetadata
 //     write the frame again with the payload bytes unchanged and a fresh
-//     CRC32C.
+//     CRC32C. A Stamp applies the same edits to the encoded metadata
+//     without decoding it (AppendStampedMetadata, AppendStampedFrame), with
+//     no allocation.
 //   - The Append*Frame encoders write whole frames to a caller-provided
 //     buffer, strconv.Append style.
 //   - Subpackages: batch splits and assembles batch payloads, compression
