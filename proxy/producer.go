@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"time"
+
 	"github.com/rebatchproxy/rebatchproxy/wire"
 	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
 )
@@ -39,6 +41,13 @@ type ProducerPath interface {
 	FromClient(f wire.Frame, out Outputs) (Verdict, error)
 	// FromBroker handles a producer frame sent by the broker.
 	FromBroker(f wire.Frame, out Outputs) (Verdict, error)
+	// Tick lets the path act on time, for example flush a batch whose delay
+	// has expired. The connection calls it on its loop once NextDeadline has
+	// passed (with the ticker's resolution, about a quarter millisecond).
+	Tick(now time.Time, out Outputs) error
+	// NextDeadline returns when Tick is next needed; the zero Time means
+	// never. It is read after every other call.
+	NextDeadline() time.Time
 	// Close is called once when the connection pair closes.
 	Close()
 }
@@ -65,6 +74,12 @@ func (Passthrough) FromClient(wire.Frame, Outputs) (Verdict, error) { return For
 
 // FromBroker implements ProducerPath; it forwards every frame.
 func (Passthrough) FromBroker(wire.Frame, Outputs) (Verdict, error) { return Forward, nil }
+
+// Tick implements ProducerPath; passthrough has nothing timed.
+func (Passthrough) Tick(time.Time, Outputs) error { return nil }
+
+// NextDeadline implements ProducerPath; passthrough never needs a tick.
+func (Passthrough) NextDeadline() time.Time { return time.Time{} }
 
 // Close implements ProducerPath.
 func (Passthrough) Close() {}

@@ -48,6 +48,7 @@ type Server struct {
 const (
 	tickInterval = 100 * time.Millisecond
 	pausedTick   = 2 * time.Millisecond
+	minTick      = 250 * time.Microsecond
 )
 
 // New checks cfg and returns a Server that is not yet serving.
@@ -241,6 +242,7 @@ func (s *Server) OnTick() (time.Duration, gnet.Action) {
 	now := time.Now().UnixNano()
 	s.now.Store(now)
 	idle := int64(s.cfg.IdleTimeout)
+	next := int64(tickInterval)
 	s.sessions.Range(func(k, _ any) bool {
 		ss := k.(*session)
 		switch {
@@ -251,12 +253,21 @@ func (s *Server) OnTick() (time.Duration, gnet.Action) {
 		case ss.pausedAny.Load():
 			ss.resumeAsync()
 		}
+		if pd := ss.pathDeadline.Load(); pd != 0 {
+			if now >= pd {
+				ss.tickAsync()
+			} else {
+				next = min(next, pd-now)
+			}
+		}
 		return true
 	})
 	if s.npaused.Load() > 0 {
-		return pausedTick, gnet.None
+		next = min(next, int64(pausedTick))
 	}
-	return tickInterval, gnet.None
+	// A producer path's deadline (a batch's max delay) sets the pace, down to
+	// minTick so a flood of deadlines cannot spin the ticker.
+	return time.Duration(max(next, int64(minTick))), gnet.None
 }
 
 // gnetLogger sends gnet's own log lines to slog (gnet info lines at debug).

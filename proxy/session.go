@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"sync/atomic"
+	"time"
 
 	"github.com/panjf2000/gnet/v2"
 
@@ -48,6 +49,10 @@ type session struct {
 	lastActive        atomic.Int64
 	pausedAny         atomic.Bool
 	taskQueued        atomic.Bool
+	// pathDeadline is the ProducerPath's NextDeadline (unix ns, 0 = none),
+	// published for the ticker; tickQueued dedups its tick tasks.
+	pathDeadline atomic.Int64
+	tickQueued   atomic.Bool
 
 	// Loop-owned.
 	state        int
@@ -438,6 +443,7 @@ func (s *session) toPath(d direction, f wire.Frame) (frameAction, error) {
 	} else {
 		v, err = s.path.FromBroker(f, s)
 	}
+	s.notePathDeadline()
 	if err != nil {
 		return 0, err
 	}
@@ -445,6 +451,46 @@ func (s *session) toPath(d direction, f wire.Frame) (frameAction, error) {
 		return actDone, nil
 	}
 	return actForward, nil
+}
+
+// notePathDeadline publishes the ProducerPath's next deadline to the ticker.
+// Runs on the loop.
+func (s *session) notePathDeadline() {
+	var ns int64
+	if d := s.path.NextDeadline(); !d.IsZero() {
+		ns = d.UnixNano()
+	}
+	s.pathDeadline.Store(ns)
+}
+
+// tickAsync asks the loop to run the ProducerPath's Tick. Called from the
+// ticker goroutine once pathDeadline has passed.
+func (s *session) tickAsync() {
+	if !s.tickQueued.CompareAndSwap(false, true) {
+		return
+	}
+	e := s.client.EventLoop().Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		s.tickQueued.Store(false)
+		if s.state != stEstablished || s.path == nil {
+			return nil
+		}
+		s.pumpFail = nil
+		err := s.path.Tick(time.Now(), s)
+		if err == nil {
+			err = s.pumpFail
+		}
+		s.notePathDeadline()
+		if err != nil {
+			if s.reason == nil {
+				s.reason = err
+			}
+			_ = s.client.Close()
+		}
+		return nil
+	}))
+	if e != nil {
+		s.tickQueued.Store(false)
+	}
 }
 
 // onConnect handles the client's CONNECT: pick and check the target, keep
@@ -750,6 +796,7 @@ func (s *session) onClose(e *end, c gnet.Conn, err error) {
 	if s.path != nil {
 		s.path.Close()
 	}
+	s.pathDeadline.Store(0)
 	s.handshakeDeadline.Store(0)
 	s.srv.sessions.Delete(s)
 	s.srv.nsessions.Add(-1)

@@ -42,6 +42,11 @@ type Config struct {
 	LastSequenceID int64
 	// MaxPendingSends bounds the client sends awaiting receipts (contract 7); 0 means 10,000.
 	MaxPendingSends int
+	// OnEntry, when set, is called with the message count of every entry sent to the broker.
+	OnEntry func(messages int)
+	// OnReceipt, when set, is called with the time Send received a client send whose receipt
+	// is being released.
+	OnReceipt func(sentAt time.Time)
 }
 
 // Output collects what one engine call produced: frames for the broker and frames for the
@@ -69,6 +74,7 @@ type Stats struct {
 
 // clientSend is one CommandSend of the client awaiting its receipt.
 type clientSend struct {
+	sentAt     time.Time
 	seq        uint64 // CommandSend.sequence_id, echoed verbatim
 	highest    uint64 // CommandSend.highest_sequence_id, echoed when the client set it
 	unflushed  int    // messages of this send still in the open batch
@@ -230,7 +236,7 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 	// A send whose checksum fails is the broker's to refuse (ChecksumError), exactly as on a
 	// direct connection; rebuilding it would launder corrupt data into a valid entry.
 	if neverMerged(&s, &p.md) || !f.HasChecksum() || f.VerifyChecksum() != nil {
-		return p.verbatim(f, &s, out)
+		return p.verbatim(now, f, &s, out)
 	}
 	msgs, err := p.explode(f, &s)
 	if err != nil {
@@ -242,7 +248,7 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 		// Sequence ids this engine cannot split safely (key-based client batches), or a resend
 		// of something the broker already has: the broker must judge the send exactly as the
 		// client made it.
-		return p.verbatim(f, &s, out)
+		return p.verbatim(now, f, &s, out)
 	}
 
 	// Entry-level fields that differ from the open batch end it.
@@ -253,7 +259,7 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 		}
 	}
 	id := p.sendBase + uint64(len(p.sends))
-	p.sends = append(p.sends, clientSend{seq: s.SequenceID, highest: s.HighestSequenceID})
+	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID})
 
 	i := 0
 	if int64(lo) <= p.lastPushed {
@@ -526,13 +532,16 @@ func (p *Producer) flush(out *Output) error {
 	}
 	p.lastPushed = max(p.lastPushed, int64(o.hi))
 	p.stats.EntriesBuilt++
+	if p.cfg.OnEntry != nil {
+		p.cfg.OnEntry(o.n)
+	}
 	o.n = 0
 	o.buf = o.buf[:0]
 	return nil
 }
 
 // verbatim forwards a client send unchanged, after flushing the open batch so order holds.
-func (p *Producer) verbatim(f wire.Frame, s *wire.Send, out *Output) error {
+func (p *Producer) verbatim(now time.Time, f wire.Frame, s *wire.Send, out *Output) error {
 	if p.open.n > 0 {
 		p.stats.FlushGroup++
 		if err := p.flush(out); err != nil {
@@ -540,12 +549,15 @@ func (p *Producer) verbatim(f wire.Frame, s *wire.Send, out *Output) error {
 		}
 	}
 	id := p.sendBase + uint64(len(p.sends))
-	p.sends = append(p.sends, clientSend{seq: s.SequenceID, highest: s.HighestSequenceID, parts: 1})
+	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID, parts: 1})
 	hi := max(s.SequenceID, s.HighestSequenceID)
 	p.entries = append(p.entries, inflight{lo: s.SequenceID, hi: hi, first: id, last: id})
 	p.lastPushed = max(p.lastPushed, int64(hi))
 	out.Broker = append(out.Broker, f.Bytes()...)
 	p.stats.EntriesVerbatim++
+	if p.cfg.OnEntry != nil {
+		p.cfg.OnEntry(int(max(s.NumMessages, 1)))
+	}
 	return nil
 }
 
@@ -604,6 +616,9 @@ func (p *Producer) release(out *Output) {
 				HasMessageID: cs.hasID, LedgerID: cs.ledger, EntryID: cs.entry}
 			out.Client = wire.AppendSendReceiptFrame(out.Client, &r)
 			p.stats.ReceiptsToClient++
+			if p.cfg.OnReceipt != nil {
+				p.cfg.OnReceipt(cs.sentAt)
+			}
 		}
 		p.sends = p.sends[1:]
 		p.sendBase++

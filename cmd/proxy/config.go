@@ -13,6 +13,8 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/rebatchproxy/rebatchproxy/proxy"
+	"github.com/rebatchproxy/rebatchproxy/rebatch"
+	"github.com/rebatchproxy/rebatchproxy/route"
 )
 
 // options are the command's settings. Every option is a flag; the YAML file
@@ -36,6 +38,9 @@ type options struct {
 	logLevel       string
 	logFormat      string
 	pprof          bool
+	// policies is the per-topic policy table from the config file (nil: all
+	// passthrough).
+	policies *route.Matcher[rebatch.Policy]
 }
 
 // newFlagSet declares every option with its default and help text.
@@ -78,7 +83,7 @@ for example:
   idle-timeout: 10m
   hard-buffer-limit: 128MiB
   metrics-listen: 0.0.0.0:9650
-  policies: []   # per-topic rebatching policies: reserved, must be empty
+  policies: []   # per-topic rebatching policies, see below
 
 An unknown key or a bad value stops the proxy at start with a message naming
 the key. Flags given on the command line override the file.
@@ -92,6 +97,7 @@ func parseArgs(args []string) (*options, error) {
 		fmt.Fprintf(fs.Output(), "Usage: proxy [flags]\n\nA transparent Pulsar-protocol proxy.\n\nFlags:\n")
 		fs.PrintDefaults()
 		fmt.Fprint(fs.Output(), usageTail)
+		fmt.Fprint(fs.Output(), policiesHelp())
 	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -106,7 +112,7 @@ func parseArgs(args []string) (*options, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := applyFile(fs, set, data); err != nil {
+		if err := applyFile(fs, set, data, o); err != nil {
 			return nil, fmt.Errorf("config %s: %w", o.config, err)
 		}
 	}
@@ -115,7 +121,7 @@ func parseArgs(args []string) (*options, error) {
 
 // applyFile sets every key of a YAML config through its flag, skipping keys
 // whose flag was given on the command line.
-func applyFile(fs *flag.FlagSet, cmdline map[string]bool, data []byte) error {
+func applyFile(fs *flag.FlagSet, cmdline map[string]bool, data []byte, o *options) error {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return err
@@ -136,9 +142,11 @@ func applyFile(fs *flag.FlagSet, cmdline map[string]bool, data []byte) error {
 		}
 		seen[key] = true
 		if key == "policies" {
-			if err := checkPolicies(v); err != nil {
+			m, err := parsePolicies(v)
+			if err != nil {
 				return fmt.Errorf("line %d: key %q: %w", k.Line, key, err)
 			}
+			o.policies = m
 			continue
 		}
 		if key == "config" || fs.Lookup(key) == nil {
@@ -169,17 +177,6 @@ func applyFile(fs *flag.FlagSet, cmdline map[string]bool, data []byte) error {
 				return fmt.Errorf("line %d: key %q: %v", v.Line, key, err)
 			}
 		}
-	}
-	return nil
-}
-
-// checkPolicies accepts only an empty policies section: the rebatching
-// policies are not implemented by this version.
-func checkPolicies(v *yaml.Node) error {
-	empty := (v.Kind == yaml.ScalarNode && (v.Tag == "!!null" || v.Value == "")) ||
-		((v.Kind == yaml.SequenceNode || v.Kind == yaml.MappingNode) && len(v.Content) == 0)
-	if !empty {
-		return errors.New("per-topic policies are not supported yet (this proxy is passthrough only); leave it empty")
 	}
 	return nil
 }

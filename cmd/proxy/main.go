@@ -21,6 +21,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/rebatchproxy/rebatchproxy/proxy"
+	"github.com/rebatchproxy/rebatchproxy/rebatch"
+	"github.com/rebatchproxy/rebatchproxy/route"
 )
 
 func main() {
@@ -47,6 +49,9 @@ func run(args []string) int {
 		return 2
 	}
 	cfg.Logger = log
+	policies := proxy.NewPolicies(o.policies)
+	rm := proxy.NewRebatchMetrics()
+	cfg.ProducerPaths = proxy.RebatchPaths(policies, rm, log)
 	srv, err := proxy.New(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "proxy: config:", err)
@@ -56,6 +61,7 @@ func run(args []string) int {
 	if o.metricsListen != "" {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(srv.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		reg.MustRegister(rm.Collectors()...)
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -86,16 +92,24 @@ func run(args []string) int {
 	go func() { served <- srv.Serve() }()
 
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	select {
-	case err := <-served:
-		if err != nil {
-			log.Error("proxy stopped", "err", err)
-			return 1
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+wait:
+	for {
+		select {
+		case err := <-served:
+			if err != nil {
+				log.Error("proxy stopped", "err", err)
+				return 1
+			}
+			return 0
+		case s := <-sig:
+			if s == syscall.SIGHUP {
+				reloadPolicies(o.config, policies, log)
+				continue
+			}
+			log.Info("signal received; draining", "signal", s.String(), "drain_timeout", cfg.DrainTimeout)
+			break wait
 		}
-		return 0
-	case s := <-sig:
-		log.Info("signal received; draining", "signal", s.String(), "drain_timeout", cfg.DrainTimeout)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
 	defer cancel()
@@ -105,6 +119,25 @@ func run(args []string) int {
 	<-served
 	log.Info("stopped")
 	return 0
+}
+
+// reloadPolicies re-reads the policies of the config file (SIGHUP). A bad
+// file keeps the current policies; producers already created keep theirs.
+func reloadPolicies(file string, policies *proxy.Policies, log *slog.Logger) {
+	if file == "" {
+		log.Warn("SIGHUP: no --config file to reload policies from")
+		return
+	}
+	data, err := os.ReadFile(file)
+	if err == nil {
+		var m *route.Matcher[rebatch.Policy]
+		if m, err = loadPolicies(data); err == nil {
+			policies.Store(m)
+			log.Info("policies reloaded; new producers use them", "config", file)
+			return
+		}
+	}
+	log.Error("policies not reloaded; keeping the current ones", "config", file, "err", err)
 }
 
 func newLogger(level, format string) (*slog.Logger, error) {

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/rebatchproxy/rebatchproxy/rebatch"
+)
+
+func TestLoadPolicies(t *testing.T) {
+	good := `
+policies:
+  - topics: public/default/orders-*
+    policy: coalesce
+    max_messages: 500
+    max_bytes: 64KiB
+    max_delay: 5ms
+    compression: lz4
+  - topics: public/filtered/*
+    policy: properties
+    restricted: {region: [us, eu], version: ['1', '2'], any: []}
+`
+	m, err := loadPolicies([]byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, idx, ok := m.Match("persistent://public/default/orders-eu-partition-2")
+	if !ok || idx != 0 || p.Kind != rebatch.Coalesce || p.MaxMessages != 500 || p.MaxBytes != 64<<10 || p.MaxDelay.String() != "5ms" || p.Compression == nil || p.Compression.String() != "LZ4" {
+		t.Fatalf("orders rule: %+v %d %v", p, idx, ok)
+	}
+	p, _, ok = m.Match("public/filtered/x")
+	if !ok || p.Kind != rebatch.Properties || len(p.Restricted["region"]) != 2 || p.Restricted["any"] == nil && len(p.Restricted["any"]) != 0 {
+		t.Fatalf("filtered rule: %+v", p)
+	}
+	if _, _, ok := m.Match("public/other/x"); ok {
+		t.Fatal("an unmatched topic matched")
+	}
+
+	bad := []struct{ yaml, want string }{
+		{"policies:\n  - topics: a/b/*\n    policy: coalesce\n    max_mesages: 3\n", `unknown key "max_mesages"`},
+		{"policies:\n  - topics: a/b/*\n    policy: bucketz\n", `kind "bucketz"`},
+		{"policies:\n  - topics: a/b/*\n    policy: coalesce\n    max_delay: soon\n", `max_delay (line 4)`},
+		{"policies:\n  - topics: a/b/*\n    policy: coalesce\n    compression: brotli\n", `compression (line 4)`},
+		{"policies:\n  - topics: a/b/*\n    policy: properties\n", `restricted`},
+		{"policies:\n  - policy: coalesce\n", `"topics" is required`},
+		{"policies:\n  - topics: '*/*/*'\n    policy: coalesce\n  - topics: a/b/c\n    policy: coalesce\n", `policies[1].topics (line 4)`},
+		{"policies: {a: b}\n", `expected a list`},
+	}
+	for _, tc := range bad {
+		_, err := loadPolicies([]byte(tc.yaml))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("config %q: error %v, want it to mention %q", tc.yaml, err, tc.want)
+		}
+	}
+}
