@@ -30,7 +30,7 @@ type Outputs interface {
 
 // ProducerPath sees the producer-side frames of one client connection:
 // PRODUCER, SEND and CLOSE_PRODUCER from the client, and PRODUCER_SUCCESS,
-// SEND_RECEIPT, SEND_ERROR and CLOSE_PRODUCER from the broker. Every other
+// SEND_RECEIPT, SEND_ERROR, CLOSE_PRODUCER, SUCCESS and ERROR from the broker. Every other
 // frame bypasses it. It is the seam where the re-batching engine plugs in.
 //
 // Its methods run on the connection's event loop, one at a time, in stream
@@ -92,7 +92,10 @@ func isProducerFrame(d direction, t pulsarpb.BaseCommand_Type) bool {
 		return d == toBroker
 	case pulsarpb.BaseCommand_CLOSE_PRODUCER:
 		return true
-	case pulsarpb.BaseCommand_PRODUCER_SUCCESS, pulsarpb.BaseCommand_SEND_RECEIPT, pulsarpb.BaseCommand_SEND_ERROR:
+	case pulsarpb.BaseCommand_PRODUCER_SUCCESS, pulsarpb.BaseCommand_SEND_RECEIPT, pulsarpb.BaseCommand_SEND_ERROR,
+		pulsarpb.BaseCommand_SUCCESS, pulsarpb.BaseCommand_ERROR:
+		// SUCCESS and ERROR answer requests; a path that sends its own requests (bucket
+		// producers) takes the answers to them.
 		return d == toClient
 	}
 	return false

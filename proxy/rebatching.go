@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/rebatchproxy/rebatchproxy/rebatch"
 	"github.com/rebatchproxy/rebatchproxy/route"
@@ -94,6 +95,8 @@ func RebatchPaths(policies *Policies, m *RebatchMetrics, log *slog.Logger) Produ
 			log:       log.With("conn", info.ID, "client", info.ClientAddr, "broker", info.BrokerAddr),
 			pending:   map[uint64]pendingProducer{},
 			producers: map[uint64]*engine{},
+			swallow:   map[uint64]struct{}{},
+			retired:   map[uint64]struct{}{},
 		}
 	}
 }
@@ -103,16 +106,21 @@ type pendingProducer struct {
 	producerID uint64
 	topic      string
 	policy     rebatch.Policy
+	schema     *pulsarpb.Schema // the client's, given to bucket producers too
 }
 
 // engine is one client producer under a rewriting policy.
 type engine struct {
 	p       *rebatch.Producer
+	id      uint64 // the client's producer id
 	topic   string
 	name    string
 	kind    string
 	closing bool // the client closed it; kept until its last receipt is out
 	last    rebatch.Stats
+	// held is the client's PRODUCER_SUCCESS, withheld until the bucket producers exist.
+	held      *pulsarpb.CommandProducerSuccess
+	heldReqID uint64
 }
 
 // rebatchPath is the ProducerPath that runs the rebatch engine for producers
@@ -138,10 +146,28 @@ type rebatchPath struct {
 	info      ConnInfo
 	log       *slog.Logger
 	pending   map[uint64]pendingProducer // request id -> producer
-	producers map[uint64]*engine         // producer id -> engine
+	producers map[uint64]*engine         // producer id (client's or a bucket lane's) -> engine
 	cmd       pulsarpb.BaseCommand
 	out       rebatch.Output
 	deadline  time.Time
+	// nextID numbers the producers and requests the path sends itself, far above the ids
+	// clients count up from 0; swallow holds requests whose answers are the path's.
+	nextID  uint64
+	swallow map[uint64]struct{}
+	opening int // engines waiting for their bucket producers
+	// retired holds bucket producer ids of dropped engines: late broker frames about them
+	// (receipts, CLOSE_PRODUCER) are not the client's and are dropped. Bounded.
+	retired map[uint64]struct{}
+}
+
+const maxRetired = 4096
+
+// ownIDBase is where the ids of the path's own producers and requests start.
+const ownIDBase = 1 << 62
+
+func (r *rebatchPath) newID() uint64 {
+	r.nextID++
+	return ownIDBase + r.nextID
 }
 
 func (r *rebatchPath) FromClient(f wire.Frame, out Outputs) (Verdict, error) {
@@ -160,8 +186,19 @@ func (r *rebatchPath) FromClient(f wire.Frame, out Outputs) (Verdict, error) {
 			r.drop(c.GetProducerId(), e)
 		}
 		pol := r.policies.Lookup(c.GetTopic())
+		if pol.Kind == rebatch.Buckets && c.GetProducerAccessMode() != pulsarpb.ProducerAccessMode_Shared {
+			// Bucket producers share the topic with the client's producer; an exclusive
+			// producer cannot have them.
+			r.log.Warn("buckets policy needs a shared producer; passing this one through", "topic", c.GetTopic(),
+				"producer_id", c.GetProducerId(), "access_mode", c.GetProducerAccessMode().String())
+			pol = rebatch.Policy{Kind: rebatch.Passthrough}
+		}
 		if pol.Kind != rebatch.Passthrough {
-			r.pending[c.GetRequestId()] = pendingProducer{producerID: c.GetProducerId(), topic: c.GetTopic(), policy: pol}
+			var schema *pulsarpb.Schema
+			if c.Schema != nil {
+				schema = proto.Clone(c.Schema).(*pulsarpb.Schema)
+			}
+			r.pending[c.GetRequestId()] = pendingProducer{producerID: c.GetProducerId(), topic: c.GetTopic(), policy: pol, schema: schema}
 		}
 		return Forward, nil
 	case pulsarpb.BaseCommand_SEND:
@@ -180,9 +217,13 @@ func (r *rebatchPath) FromClient(f wire.Frame, out Outputs) (Verdict, error) {
 			return Forward, nil
 		}
 		id := r.cmd.GetCloseProducer().GetProducerId()
-		if e, ok := r.producers[id]; ok {
+		if e, ok := r.producers[id]; ok && e.id == id {
 			e.closing = true
-			if _, err := r.emit(id, e, out, e.p.Flush(&r.out)); err != nil {
+			reqs, err := e.p.CloseLanes(r.newID, true, &r.out)
+			for _, q := range reqs {
+				r.swallow[q] = struct{}{}
+			}
+			if _, err := r.emit(id, e, out, err); err != nil {
 				return Forward, err
 			}
 		}
@@ -198,6 +239,9 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 			return Forward, nil
 		}
 		ps := r.cmd.GetProducerSuccess()
+		if ps.GetRequestId() >= ownIDBase {
+			return Consumed, r.laneOpened(ps, out)
+		}
 		pp, ok := r.pending[ps.GetRequestId()]
 		if !ok || !ps.GetProducerReady() {
 			// Not ours, or an exclusive producer still waiting: a second
@@ -222,13 +266,25 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 			r.log.Error("rebatch: producer left passthrough", "topic", pp.topic, "producer_id", pp.producerID, "err", err)
 			return Forward, nil
 		}
-		r.producers[pp.producerID] = &engine{p: p, topic: pp.topic, name: ps.GetProducerName(), kind: kind}
+		e := &engine{p: p, id: pp.producerID, topic: pp.topic, name: ps.GetProducerName(), kind: kind}
+		r.producers[pp.producerID] = e
 		if r.m != nil {
 			r.m.activeProds.Inc()
 		}
 		r.log.Info("producer rebatched", "topic", pp.topic, "producer_id", pp.producerID, "producer", ps.GetProducerName(),
 			"policy", kind, "last_sequence_id", ps.GetLastSequenceId())
-		return Forward, nil
+		if p.Ready() {
+			return Forward, nil
+		}
+		// Buckets: create the bucket producers first; the client learns its producer is
+		// ready (with a last_sequence_id covering every bucket) once they all are.
+		e.held, e.heldReqID = proto.Clone(ps).(*pulsarpb.CommandProducerSuccess), ps.GetRequestId()
+		r.opening++
+		err = p.OpenLanes(pp.topic, pp.schema, r.newID, &r.out)
+		for _, id := range p.LaneProducers() {
+			r.producers[id] = e
+		}
+		return r.emit(pp.producerID, e, out, err)
 	case pulsarpb.BaseCommand_SEND_RECEIPT:
 		rc, err := wire.ParseSendReceipt(f)
 		if err != nil {
@@ -236,9 +292,9 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 		}
 		e, ok := r.producers[rc.ProducerID]
 		if !ok {
-			return Forward, nil
+			return r.unknown(rc.ProducerID), nil
 		}
-		return r.emit(rc.ProducerID, e, out, e.p.Receipt(rc, &r.out))
+		return r.emit(e.id, e, out, e.p.Receipt(rc, &r.out))
 	case pulsarpb.BaseCommand_SEND_ERROR:
 		if err := wire.DecodeCommand(f, &r.cmd); err != nil {
 			return Forward, nil
@@ -246,24 +302,134 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 		se := r.cmd.GetSendError()
 		e, ok := r.producers[se.GetProducerId()]
 		if !ok {
-			return Forward, nil
+			return r.unknown(se.GetProducerId()), nil
 		}
 		r.log.Warn("broker refused an entry", "topic", e.topic, "producer_id", se.GetProducerId(), "producer", e.name,
 			"sequence_id", se.GetSequenceId(), "error", se.GetError().String(), "message", se.GetMessage())
-		return r.emit(se.GetProducerId(), e, out, e.p.SendError(se.GetSequenceId(), se.GetError(), se.GetMessage(), &r.out))
+		return r.emit(e.id, e, out, e.p.SendError(se.GetProducerId(), se.GetSequenceId(), se.GetError(), se.GetMessage(), &r.out))
 	case pulsarpb.BaseCommand_CLOSE_PRODUCER:
 		if err := wire.DecodeCommand(f, &r.cmd); err != nil {
 			return Forward, nil
 		}
 		id := r.cmd.GetCloseProducer().GetProducerId()
-		if e, ok := r.producers[id]; ok {
-			r.log.Info("broker closed a rebatched producer; the client will resend", "topic", e.topic, "producer_id", id,
-				"producer", e.name, "pending_sends", e.p.Pending())
-			r.drop(id, e)
+		e, ok := r.producers[id]
+		if !ok {
+			return r.unknown(id), nil
 		}
-		return Forward, nil
+		if id != e.id {
+			// A bucket producer the client does not know about: the client must resend
+			// everything pending, and closing its connection makes it do so.
+			r.drop(e.id, e)
+			return Consumed, fmt.Errorf("producer %d (%q) on %s: %w", e.id, e.name, e.topic, rebatch.ErrLaneClosed)
+		}
+		r.log.Info("broker closed a rebatched producer; the client will resend", "topic", e.topic, "producer_id", id,
+			"producer", e.name, "pending_sends", e.p.Pending())
+		// The bucket producers go too (the broker may have closed them already; its answers
+		// are swallowed either way), so the client's new producer can create them again.
+		reqs, err := e.p.CloseLanes(r.newID, false, &r.out)
+		for _, q := range reqs {
+			r.swallow[q] = struct{}{}
+		}
+		r.drop(id, e)
+		_, _ = r.emit(id, e, out, nil)
+		return Forward, err
+	case pulsarpb.BaseCommand_SUCCESS, pulsarpb.BaseCommand_ERROR:
+		if len(r.swallow) == 0 && r.opening == 0 {
+			return Forward, nil
+		}
+		if err := wire.DecodeCommand(f, &r.cmd); err != nil {
+			return Forward, nil
+		}
+		var req uint64
+		if f.Type() == pulsarpb.BaseCommand_SUCCESS {
+			req = r.cmd.GetSuccess().GetRequestId()
+		} else {
+			req = r.cmd.GetError().GetRequestId()
+		}
+		if req < ownIDBase {
+			return Forward, nil
+		}
+		if _, ok := r.swallow[req]; ok {
+			delete(r.swallow, req)
+			return Consumed, nil
+		}
+		if f.Type() == pulsarpb.BaseCommand_ERROR {
+			return Consumed, r.laneFailed(req, r.cmd.GetError(), out)
+		}
+		return Consumed, nil
 	}
 	return Forward, nil
+}
+
+// unknown says what to do with a broker frame about a producer no engine has: drop it if it
+// names a retired bucket producer (the client never knew it), forward it otherwise.
+func (r *rebatchPath) unknown(id uint64) Verdict {
+	if _, ok := r.retired[id]; ok || id >= ownIDBase {
+		return Consumed
+	}
+	return Forward
+}
+
+// laneOpened takes the broker's PRODUCER_SUCCESS for a bucket producer; when an engine's
+// last one arrives, the client gets its withheld PRODUCER_SUCCESS.
+func (r *rebatchPath) laneOpened(ps *pulsarpb.CommandProducerSuccess, out Outputs) error {
+	for _, e := range r.producers {
+		if e.held == nil || !e.p.OwnsRequest(ps.GetRequestId()) {
+			continue
+		}
+		if !e.p.LaneOpened(ps.GetRequestId(), ps.GetLastSequenceId()) {
+			return nil
+		}
+		r.opening--
+		// The client resumes its sequence from this value (on its first connect), so it
+		// covers what every bucket producer has persisted.
+		e.held.LastSequenceId = proto.Int64(e.p.LastSequenceID())
+		b, err := wire.AppendCommandFrame(nil, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER_SUCCESS.Enum(), ProducerSuccess: e.held})
+		if err != nil {
+			return err
+		}
+		e.held = nil
+		r.log.Info("bucket producers ready", "topic", e.topic, "producer_id", e.id, "producer", e.name,
+			"buckets", len(e.p.LaneProducers()), "last_sequence_id", e.p.LastSequenceID())
+		out.ToClient(b)
+		return nil
+	}
+	return nil
+}
+
+// laneFailed handles the broker refusing a bucket producer: the client's PRODUCER request
+// fails with the broker's own error, and what was created is closed.
+func (r *rebatchPath) laneFailed(req uint64, ce *pulsarpb.CommandError, out Outputs) error {
+	for _, e := range r.producers {
+		if e.held == nil || !e.p.OwnsRequest(req) {
+			continue
+		}
+		r.opening--
+		r.log.Warn("broker refused a bucket producer; failing the client's producer", "topic", e.topic,
+			"producer_id", e.id, "producer", e.name, "error", ce.GetError().String(), "message", ce.GetMessage())
+		b, err := wire.AppendCommandFrame(nil, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_ERROR.Enum(), Error: &pulsarpb.CommandError{
+			RequestId: proto.Uint64(e.heldReqID), Error: ce.Error, Message: ce.Message}})
+		if err != nil {
+			return err
+		}
+		reqs, _ := e.p.CloseLanes(r.newID, false, &r.out)
+		closeReq := r.newID()
+		reqs = append(reqs, closeReq)
+		r.out.Broker, err = wire.AppendCommandFrame(r.out.Broker, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_PRODUCER.Enum(),
+			CloseProducer: &pulsarpb.CommandCloseProducer{ProducerId: proto.Uint64(e.id), RequestId: proto.Uint64(closeReq)}})
+		if err != nil {
+			return err
+		}
+		for _, q := range reqs {
+			r.swallow[q] = struct{}{}
+		}
+		out.ToBroker(r.out.Broker)
+		r.out.Broker = r.out.Broker[:0]
+		r.drop(e.id, e)
+		out.ToClient(b)
+		return nil
+	}
+	return nil
 }
 
 // emit writes what the engine produced, accounts for it, and turns an engine
@@ -341,7 +507,21 @@ func (r *rebatchPath) account(e *engine) {
 }
 
 func (r *rebatchPath) drop(id uint64, e *engine) {
+	if r.producers[id] != e {
+		return
+	}
 	delete(r.producers, id)
+	if len(r.retired) > maxRetired {
+		clear(r.retired)
+	}
+	for _, lid := range e.p.LaneProducers() {
+		delete(r.producers, lid)
+		r.retired[lid] = struct{}{}
+	}
+	if e.held != nil {
+		e.held = nil
+		r.opening--
+	}
 	if r.m != nil {
 		r.m.activeProds.Dec()
 	}
@@ -349,7 +529,10 @@ func (r *rebatchPath) drop(id uint64, e *engine) {
 
 func (r *rebatchPath) updateDeadline() {
 	r.deadline = time.Time{}
-	for _, e := range r.producers {
+	for id, e := range r.producers {
+		if id != e.id {
+			continue
+		}
 		if d, ok := e.p.Deadline(); ok && (r.deadline.IsZero() || d.Before(r.deadline)) {
 			r.deadline = d
 		}
@@ -359,6 +542,9 @@ func (r *rebatchPath) updateDeadline() {
 // Tick flushes every open batch whose delay has expired.
 func (r *rebatchPath) Tick(now time.Time, out Outputs) error {
 	for id, e := range r.producers {
+		if id != e.id {
+			continue // a bucket lane; its engine is ticked under the client's id
+		}
 		if _, err := r.emit(id, e, out, e.p.Tick(now, &r.out)); err != nil {
 			return err
 		}

@@ -33,8 +33,8 @@ func BenchmarkCoalesceClientBatches(b *testing.B) {
 			}
 		}
 		_ = p.Flush(&out)
-		for len(p.entries) > 0 {
-			e := p.entries[0]
+		for len(p.lanes[0].entries) > 0 {
+			e := p.lanes[0].entries[0]
 			if err := p.Receipt(wire.SendReceipt{ProducerID: pid, SequenceID: e.lo, HasMessageID: true, LedgerID: 1, EntryID: seq}, &out); err != nil {
 				b.Fatal(err)
 			}
@@ -42,7 +42,7 @@ func BenchmarkCoalesceClientBatches(b *testing.B) {
 		}
 		out.Broker, out.Client = out.Broker[:0], out.Client[:0]
 		// The same sends again must not look like resends.
-		p.lastPushed = -1
+		p.lanes[0].lastPushed = -1
 	}
 	b.ReportMetric(float64(b.N*len(frames)*perSend)/b.Elapsed().Seconds(), "msgs/s")
 }

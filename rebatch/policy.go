@@ -6,6 +6,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/rebatchproxy/rebatchproxy/route"
 	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
 )
 
@@ -20,6 +21,9 @@ const (
 	Coalesce Kind = "coalesce"
 	// Properties groups consecutive messages by their restricted properties (PIP-191).
 	Properties Kind = "properties"
+	// Buckets batches per hash bucket of the message key (PIP-486): one open batch, and one
+	// broker producer, per bucket.
+	Buckets Kind = "buckets"
 )
 
 // Defaults for the batch limits. MaxDelay is short because a producer waiting for a receipt
@@ -29,6 +33,10 @@ const (
 	DefaultMaxBytes    = 128 << 10
 	DefaultMaxDelay    = 2 * time.Millisecond
 )
+
+// MaxBuckets bounds the buckets of one policy: each bucket is a broker producer per client
+// producer.
+const MaxBuckets = 256
 
 // ErrInvalidPolicy is wrapped by every policy validation error.
 var ErrInvalidPolicy = errors.New("rebatch: invalid policy")
@@ -49,17 +57,26 @@ type Policy struct {
 	// Compression of the entries the engine builds; nil keeps the codec of the first client
 	// send in the entry.
 	Compression *pulsarpb.CompressionType
+	// Buckets is the number of equal-width buckets over the 16-bit hashB ring (buckets
+	// policy); BucketStarts gives explicit boundaries instead (first 0, strictly increasing).
+	Buckets      int
+	BucketStarts []int
+
+	ring *route.Buckets // compiled by Validate
 }
+
+// Ring returns the compiled buckets of a validated buckets policy.
+func (p *Policy) Ring() *route.Buckets { return p.ring }
 
 // Validate checks a policy and fills in defaults. Errors wrap ErrInvalidPolicy and name the
 // offending field.
 func (p *Policy) Validate() error {
 	switch p.Kind {
-	case Coalesce, Properties:
+	case Coalesce, Properties, Buckets:
 	case Passthrough:
 		return nil
 	default:
-		return fmt.Errorf("%w: kind %q (want passthrough, coalesce or properties)", ErrInvalidPolicy, p.Kind)
+		return fmt.Errorf("%w: kind %q (want passthrough, coalesce, properties or buckets)", ErrInvalidPolicy, p.Kind)
 	}
 	if p.MaxMessages < 0 || p.MaxBytes < 0 || p.MaxDelay < 0 {
 		return fmt.Errorf("%w: max_messages, max_bytes and max_delay must not be negative", ErrInvalidPolicy)
@@ -83,6 +100,27 @@ func (p *Policy) Validate() error {
 		if k == "" {
 			return fmt.Errorf("%w: restricted: empty property key", ErrInvalidPolicy)
 		}
+	}
+	if p.Kind == Buckets {
+		var err error
+		switch {
+		case len(p.BucketStarts) > 0 && p.Buckets > 0 && p.Buckets != len(p.BucketStarts):
+			return fmt.Errorf("%w: buckets: %d buckets but %d bucket_starts", ErrInvalidPolicy, p.Buckets, len(p.BucketStarts))
+		case len(p.BucketStarts) > 0:
+			p.ring, err = route.NewBuckets(p.BucketStarts)
+		case p.Buckets > 0:
+			p.ring, err = route.NewEqualBuckets(p.Buckets)
+		default:
+			return fmt.Errorf("%w: buckets: the buckets policy needs buckets (a count) or bucket_starts", ErrInvalidPolicy)
+		}
+		if err != nil {
+			return fmt.Errorf("%w: buckets: %v", ErrInvalidPolicy, err)
+		}
+		if p.ring.Len() > MaxBuckets {
+			return fmt.Errorf("%w: buckets: %d buckets, at most %d (one broker producer each)", ErrInvalidPolicy, p.ring.Len(), MaxBuckets)
+		}
+	} else if p.Buckets != 0 || len(p.BucketStarts) > 0 {
+		return fmt.Errorf("%w: buckets: only the buckets policy takes buckets", ErrInvalidPolicy)
 	}
 	if p.Compression != nil {
 		if _, ok := pulsarpb.CompressionType_name[int32(*p.Compression)]; !ok {

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rebatchproxy/rebatchproxy/route"
 	"github.com/rebatchproxy/rebatchproxy/wire"
 	"github.com/rebatchproxy/rebatchproxy/wire/batch"
 	"github.com/rebatchproxy/rebatchproxy/wire/compression"
@@ -26,6 +28,9 @@ var (
 	ErrUnexpectedReceipt = errors.New("rebatch: receipt does not match the oldest entry in flight")
 	// ErrMalformedSend: a client SEND whose metadata or batch payload does not parse.
 	ErrMalformedSend = errors.New("rebatch: malformed send")
+	// ErrLaneClosed: the broker closed one of the bucket producers; the client must reconnect
+	// and resend, which closing its connection makes it do.
+	ErrLaneClosed = errors.New("rebatch: the broker closed a bucket producer")
 )
 
 // Config describes one client producer as the broker registered it.
@@ -66,7 +71,7 @@ type Stats struct {
 	FlushMaxMessages uint64
 	FlushMaxBytes    uint64
 	FlushDelay       uint64
-	FlushGroup       uint64 // properties changed, schema changed, or a send that is never merged
+	FlushGroup       uint64 // properties changed, schema changed, a resend, or a send never merged
 	FlushExplicit    uint64
 	ReceiptsToClient uint64
 	ErrorsToClient   uint64
@@ -77,7 +82,7 @@ type clientSend struct {
 	sentAt     time.Time
 	seq        uint64 // CommandSend.sequence_id, echoed verbatim
 	highest    uint64 // CommandSend.highest_sequence_id, echoed when the client set it
-	unflushed  int    // messages of this send still in the open batch
+	unflushed  int    // messages of this send still in open batches
 	parts      int    // entries holding this send's messages, sent and not yet acknowledged
 	hasID      bool
 	ledger     uint64
@@ -87,11 +92,11 @@ type clientSend struct {
 	errMessage string
 }
 
-// inflight is one entry sent to the broker and not yet acknowledged. Its sends are the
-// contiguous range first..last of client send numbers.
+// inflight is one entry sent to the broker and not yet acknowledged, with the client sends
+// that have messages in it.
 type inflight struct {
-	lo, hi      uint64
-	first, last uint64
+	lo, hi uint64
+	ids    []uint64
 }
 
 // msgRef is one message of the send being taken apart; slices alias the client's frame or the
@@ -102,26 +107,51 @@ type msgRef struct {
 	seq     uint64
 }
 
-// openBatch is the batch being filled.
+// sendCount is how many messages of one client send an open batch holds.
+type sendCount struct {
+	id uint64
+	n  int
+}
+
+// openBatch is the batch being filled in one lane.
 type openBatch struct {
 	n                 int
 	buf               []byte // uncompressed batch payload
 	lo, hi            uint64
-	first, last       uint64 // client send numbers
-	group             []byte // encoded restricted properties; nil under coalesce
+	sends             []sendCount
+	dup               bool   // holds only messages at or below the lane's de-duplication mark
+	group             []byte // encoded restricted properties; empty under coalesce
 	schema            []byte
+	hasSchema         bool
 	compression       pulsarpb.CompressionType
 	publishTime       uint64
-	key               []byte // first message's key, copied to the outer metadata
-	keyB64, isOrdKey  bool
-	started           time.Time
 	hasPublishTime    bool
-	hasSchema         bool
+	key               []byte // first (keyed) message's key, copied to the outer metadata
+	keyB64, isOrdKey  bool
 	partitionKeyFirst bool
+	hasKey            bool
+	hashLo, hashHi    uint16 // buckets: hashB range of the keyed messages
+	hasHash           bool
+	started           time.Time
 }
 
-// Producer is the engine for one client producer under a rewriting policy (coalesce or
-// properties). It is a pure state machine: it never does I/O and takes time from its caller.
+// lane is one broker producer and its open batch. Lane 0 is the client's own producer; the
+// buckets policy adds one lane per bucket, each a broker producer the engine creates.
+type lane struct {
+	producerID uint64
+	name       string
+	open       openBatch
+	entries    []inflight
+	// lastPushed is the highest sequence id sent under this producer, as the broker's
+	// de-duplication records it (max of sequence_id and highest_sequence_id).
+	lastPushed int64
+	requestID  uint64 // outstanding PRODUCER request (bucket lanes)
+	ready      bool
+}
+
+// Producer is the engine for one client producer under a rewriting policy (coalesce,
+// properties or buckets). It is a pure state machine: it never does I/O and takes time from
+// its caller.
 //
 // A Producer belongs to the goroutine that owns the client's connection (its event loop); no
 // method may be called concurrently.
@@ -129,17 +159,13 @@ type Producer struct {
 	cfg      Config
 	restrict restriction
 	budget   int // maximum uncompressed payload bytes per entry
+	lanes    []lane
+	ring     *route.Buckets
 
 	// sends[i] is client send number sendBase+i.
 	sends    []clientSend
 	sendBase uint64
-	entries  []inflight
 
-	// lastPushed is the highest sequence id sent to the broker under this producer, as the
-	// broker's de-duplication records it (max of sequence_id and highest_sequence_id).
-	lastPushed int64
-
-	open  openBatch
 	stats Stats
 
 	// Scratch, reused across calls so the steady state does not allocate per frame.
@@ -154,7 +180,8 @@ type Producer struct {
 	groupVals [][]byte
 }
 
-// NewProducer returns the engine for one client producer.
+// NewProducer returns the engine for one client producer. Under the buckets policy the engine
+// is not ready until OpenLanes and LaneOpened have created its bucket producers.
 func NewProducer(cfg Config) (*Producer, error) {
 	if err := cfg.Policy.Validate(); err != nil {
 		return nil, err
@@ -168,9 +195,16 @@ func NewProducer(cfg Config) (*Producer, error) {
 	if cfg.MaxPendingSends <= 0 {
 		cfg.MaxPendingSends = 10000
 	}
-	p := &Producer{cfg: cfg, lastPushed: cfg.LastSequenceID}
-	if cfg.Policy.Kind == Properties {
+	p := &Producer{cfg: cfg}
+	p.lanes = []lane{{producerID: cfg.ProducerID, name: cfg.ProducerName, lastPushed: cfg.LastSequenceID, ready: true}}
+	switch cfg.Policy.Kind {
+	case Properties:
 		p.restrict = compileRestriction(cfg.Policy.Restricted)
+	case Buckets:
+		p.ring = cfg.Policy.Ring()
+		for i := 0; i < p.ring.Len(); i++ {
+			p.lanes = append(p.lanes, lane{name: LaneName(cfg.ProducerName, i), lastPushed: -1})
+		}
 	}
 	// Outer metadata of a built entry stays well under 8 KiB; the broker refuses an entry whose
 	// metadata and payload exceed max_message_size.
@@ -181,36 +215,71 @@ func NewProducer(cfg Config) (*Producer, error) {
 	return p, nil
 }
 
+// LaneName is the broker producer name of bucket i of a client producer. It is derived from
+// the client's producer name alone, so a client that reconnects (to this proxy process or
+// another) gets the same bucket producers and their de-duplication state.
+func LaneName(clientProducer string, bucket int) string {
+	return fmt.Sprintf("%s-bucket-%d", clientProducer, bucket)
+}
+
 // Stats returns the engine's counters.
 func (p *Producer) Stats() Stats { return p.stats }
 
 // Pending returns the number of client sends awaiting their receipt.
 func (p *Producer) Pending() int { return len(p.sends) }
 
-// Deadline returns when the open batch must be flushed by Tick, if one is open.
+// Deadline returns when the earliest open batch must be flushed by Tick, if one is open.
 func (p *Producer) Deadline() (time.Time, bool) {
-	if p.open.n == 0 {
-		return time.Time{}, false
+	var d time.Time
+	ok := false
+	for i := range p.lanes {
+		if o := &p.lanes[i].open; o.n > 0 {
+			t := o.started.Add(p.cfg.Policy.MaxDelay)
+			if !ok || t.Before(d) {
+				d, ok = t, true
+			}
+		}
 	}
-	return p.open.started.Add(p.cfg.Policy.MaxDelay), true
+	return d, ok
 }
 
-// Tick flushes the open batch if its delay has expired.
+// Tick flushes every open batch whose delay has expired.
 func (p *Producer) Tick(now time.Time, out *Output) error {
-	if d, ok := p.Deadline(); ok && !now.Before(d) {
-		p.stats.FlushDelay++
-		return p.flush(out)
+	for i := range p.lanes {
+		l := &p.lanes[i]
+		if l.open.n > 0 && !now.Before(l.open.started.Add(p.cfg.Policy.MaxDelay)) {
+			p.stats.FlushDelay++
+			if err := p.flush(l, out); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
 
-// Flush sends the open batch now (for example before the producer closes).
+// Flush sends every open batch now (for example before the producer closes).
 func (p *Producer) Flush(out *Output) error {
-	if p.open.n == 0 {
-		return nil
+	for i := range p.lanes {
+		if p.lanes[i].open.n > 0 {
+			p.stats.FlushExplicit++
+			if err := p.flush(&p.lanes[i], out); err != nil {
+				return err
+			}
+		}
 	}
-	p.stats.FlushExplicit++
-	return p.flush(out)
+	return nil
+}
+
+func (p *Producer) flushAll(out *Output) error {
+	for i := range p.lanes {
+		if p.lanes[i].open.n > 0 {
+			p.stats.FlushGroup++
+			if err := p.flush(&p.lanes[i], out); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // Send takes one client SEND frame of this producer.
@@ -243,70 +312,84 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 		return err
 	}
 	p.stats.ClientMessages += uint64(len(msgs))
-	lo, hi := msgs[0].seq, msgs[len(msgs)-1].seq
-	if !sequential(msgs, s.SequenceID) || int64(hi) <= p.lastPushed {
-		// Sequence ids this engine cannot split safely (key-based client batches), or a resend
-		// of something the broker already has: the broker must judge the send exactly as the
-		// client made it.
+	hi := msgs[len(msgs)-1].seq
+	// Sequence ids this engine cannot cut safely (key-based client batches), or, on the
+	// client's own producer, a resend of something the broker already has: the broker must
+	// judge the send exactly as the client made it.
+	if !sequential(msgs, s.SequenceID) || (p.ring == nil && int64(hi) <= p.lanes[0].lastPushed) {
 		return p.verbatim(now, f, &s, out)
-	}
-
-	// Entry-level fields that differ from the open batch end it.
-	if p.open.n > 0 && !p.sameEntryFields() {
-		p.stats.FlushGroup++
-		if err := p.flush(out); err != nil {
-			return err
-		}
 	}
 	id := p.sendBase + uint64(len(p.sends))
 	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID})
 
-	i := 0
-	if int64(lo) <= p.lastPushed {
-		// The send straddles the broker's de-duplication mark: it is a resend of a send this
-		// proxy had split, part of which was stored. The stored part goes alone, so the broker
-		// drops it as a duplicate without taking the new part with it.
-		if p.open.n > 0 {
-			p.stats.FlushGroup++
-			if err := p.flush(out); err != nil {
-				return err
+	for _, m := range msgs {
+		l := &p.lanes[0]
+		var hash uint16
+		hasHash := false
+		if p.ring != nil {
+			if key, ok := messageKey(m.smm); ok {
+				hash, hasHash = route.HashB(key), true
 			}
+			l = &p.lanes[1+p.ring.Bucket(hash)]
 		}
-		for i < len(msgs) && int64(msgs[i].seq) <= p.lastPushed {
-			p.add(now, id, msgs[i], nil)
-			i++
-		}
-		p.stats.FlushGroup++
-		if err := p.flush(out); err != nil {
-			return err
-		}
-	}
-	for ; i < len(msgs); i++ {
-		m := msgs[i]
+		// A message at or below the lane's de-duplication mark is a resend of something the
+		// broker may already hold (a send this proxy had split, part of which was stored when a
+		// connection or the proxy died). It goes in an entry of duplicates only, so the broker
+		// drops it without taking new messages with it.
+		dup := int64(m.seq) <= l.lastPushed
 		group := p.groupOf(m.smm)
-		if p.open.n > 0 {
+		if o := &l.open; o.n > 0 {
 			switch {
-			case !bytes.Equal(group, p.open.group):
+			case o.dup != dup, !p.sameEntryFields(o), !bytes.Equal(group, o.group):
 				p.stats.FlushGroup++
-			case len(p.open.buf)+4+len(m.smm)+len(m.payload) > p.budget:
+			case len(o.buf)+4+len(m.smm)+len(m.payload) > p.budget:
 				p.stats.FlushMaxBytes++
 			default:
 				goto add
 			}
-			if err := p.flush(out); err != nil {
+			if err := p.flush(l, out); err != nil {
 				return err
 			}
 		}
 	add:
-		p.add(now, id, m, group)
-		if p.open.n >= p.cfg.Policy.MaxMessages {
+		p.add(now, l, id, m, group, dup, hash, hasHash)
+		if l.open.n >= p.cfg.Policy.MaxMessages {
 			p.stats.FlushMaxMessages++
-			if err := p.flush(out); err != nil {
+			if err := p.flush(l, out); err != nil {
+				return err
+			}
+		}
+	}
+	// Duplicates never wait for company.
+	for i := range p.lanes {
+		if l := &p.lanes[i]; l.open.n > 0 && l.open.dup {
+			p.stats.FlushGroup++
+			if err := p.flush(l, out); err != nil {
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// messageKey returns the key hashB is computed from (PIP-486): the ordering key, else the
+// partition key. The common cases alias the metadata; route.MessageKey handles the rest.
+func messageKey(smm []byte) ([]byte, bool) {
+	meta, err := batch.ParseSingleMeta(smm)
+	if err != nil {
+		return nil, false
+	}
+	switch {
+	case meta.HasOrderingKey:
+		return meta.OrderingKey, true
+	case !meta.HasPartitionKey:
+		return nil, false
+	case !meta.PartitionKeyB64Encoded && utf8.Valid(meta.PartitionKey):
+		return meta.PartitionKey, true
+	}
+	key, ok, err := route.MessageKey(route.KeyFields{PartitionKey: string(meta.PartitionKey), HasPartitionKey: true,
+		PartitionKeyB64: meta.PartitionKeyB64Encoded})
+	return key, ok && err == nil
 }
 
 // neverMerged reports whether a send must be forwarded alone and unchanged (DESIGN.md
@@ -389,10 +472,10 @@ func (p *Producer) explode(f wire.Frame, s *wire.Send) ([]msgRef, error) {
 	return p.msgs, nil
 }
 
-// sameEntryFields reports whether the send in p.md may share an entry with the open batch:
-// the entry-level fields other than compression must match.
-func (p *Producer) sameEntryFields() bool {
-	return p.open.hasSchema == (p.md.SchemaVersion != nil) && bytes.Equal(p.open.schema, p.md.SchemaVersion)
+// sameEntryFields reports whether the send in p.md may share an entry with an open batch: the
+// entry-level fields other than compression must match.
+func (p *Producer) sameEntryFields(o *openBatch) bool {
+	return o.hasSchema == (p.md.SchemaVersion != nil) && bytes.Equal(o.schema, p.md.SchemaVersion)
 }
 
 // groupOf returns the encoded restricted properties of a message: for each restricted key in
@@ -434,11 +517,12 @@ func (p *Producer) groupOf(smm []byte) []byte {
 	return p.groupKV
 }
 
-// add appends one message to the open batch, opening it if needed.
-func (p *Producer) add(now time.Time, id uint64, m msgRef, group []byte) {
-	o := &p.open
+// add appends one message to a lane's open batch, opening it if needed.
+func (p *Producer) add(now time.Time, l *lane, id uint64, m msgRef, group []byte, dup bool, hash uint16, hasHash bool) {
+	o := &l.open
 	if o.n == 0 {
-		o.lo, o.first, o.started = m.seq, id, now
+		o.lo, o.started, o.dup = m.seq, now, dup
+		o.sends = o.sends[:0]
 		o.group = append(o.group[:0], group...)
 		o.hasSchema = p.md.SchemaVersion != nil
 		o.schema = append(o.schema[:0], p.md.SchemaVersion...)
@@ -448,33 +532,50 @@ func (p *Producer) add(now time.Time, id uint64, m msgRef, group []byte) {
 		}
 		o.publishTime, o.hasPublishTime = p.md.GetPublishTime(), p.md.PublishTime != nil
 		o.key = o.key[:0]
-		o.isOrdKey, o.keyB64, o.partitionKeyFirst = false, false, false
+		o.hasKey, o.isOrdKey, o.keyB64, o.partitionKeyFirst, o.hasHash = false, false, false, false, false
+	}
+	if !o.hasKey {
+		// The outer key is the first keyed message's, as clients do for their batches; under
+		// buckets every keyed message of the entry hashes into the same bucket, so Key_Shared
+		// routes the entry to the consumer that owns the bucket.
 		if meta, err := batch.ParseSingleMeta(m.smm); err == nil {
 			switch {
 			case meta.HasOrderingKey:
-				o.key, o.isOrdKey = append(o.key, meta.OrderingKey...), true
+				o.key, o.isOrdKey, o.hasKey = append(o.key, meta.OrderingKey...), true, true
 			case meta.HasPartitionKey:
-				o.key, o.partitionKeyFirst, o.keyB64 = append(o.key, meta.PartitionKey...), true, meta.PartitionKeyB64Encoded
+				o.key, o.partitionKeyFirst, o.keyB64, o.hasKey = append(o.key, meta.PartitionKey...), true, meta.PartitionKeyB64Encoded, true
 			}
 		}
+	}
+	if hasHash {
+		if !o.hasHash {
+			o.hashLo, o.hashHi, o.hasHash = hash, hash, true
+		}
+		o.hashLo, o.hashHi = min(o.hashLo, hash), max(o.hashHi, hash)
 	}
 	o.buf = binary.BigEndian.AppendUint32(o.buf, uint32(len(m.smm)))
 	o.buf = append(o.buf, m.smm...)
 	o.buf = append(o.buf, m.payload...)
 	o.n++
-	o.hi, o.last = m.seq, id
+	o.hi = m.seq
+	if k := len(o.sends); k > 0 && o.sends[k-1].id == id {
+		o.sends[k-1].n++
+	} else {
+		o.sends = append(o.sends, sendCount{id: id, n: 1})
+	}
 	p.sends[id-p.sendBase].unflushed++
 }
 
-// flush builds the open batch into one entry in batch format and queues it for the broker.
-func (p *Producer) flush(out *Output) error {
-	o := &p.open
+// flush builds a lane's open batch into one entry in batch format and queues it for the
+// broker.
+func (p *Producer) flush(l *lane, out *Output) error {
+	o := &l.open
 	if o.n == 0 {
 		return nil
 	}
 	md := &p.outMD
 	md.Reset()
-	md.ProducerName = proto.String(p.cfg.ProducerName)
+	md.ProducerName = proto.String(l.name)
 	md.SequenceId = proto.Uint64(o.lo)
 	md.HighestSequenceId = proto.Uint64(o.hi)
 	if o.hasPublishTime {
@@ -485,7 +586,15 @@ func (p *Producer) flush(out *Output) error {
 		md.SchemaVersion = o.schema
 	}
 	switch {
-	case o.isOrdKey:
+	case o.isOrdKey || (p.ring != nil && o.hasKey):
+		// Under buckets the key goes in ordering_key, which Key_Shared prefers, as the bytes
+		// hashB was computed from.
+		if p.ring != nil && o.partitionKeyFirst {
+			if k, ok := messageKeyOf(o.key, o.keyB64); ok {
+				md.OrderingKey = k
+				break
+			}
+		}
 		md.OrderingKey = o.key
 	case o.partitionKeyFirst:
 		md.PartitionKey = proto.String(string(o.key))
@@ -493,14 +602,17 @@ func (p *Producer) flush(out *Output) error {
 			md.PartitionKeyB64Encoded = proto.Bool(true)
 		}
 	}
+	if o.hasHash {
+		wire.SetEntryHashRange(md, uint32(o.hashLo), uint32(o.hashHi))
+	}
 	// The group's restricted key/values become the entry's outer properties (PIP-191).
 	for b := o.group; len(b) > 0; {
 		i, n := binary.Uvarint(b)
 		b = b[n:]
-		l, n := binary.Uvarint(b)
+		ln, n := binary.Uvarint(b)
 		b = b[n:]
-		md.Properties = append(md.Properties, &pulsarpb.KeyValue{Key: proto.String(p.restrict.keys[i]), Value: proto.String(string(b[:l]))})
-		b = b[l:]
+		md.Properties = append(md.Properties, &pulsarpb.KeyValue{Key: proto.String(p.restrict.keys[i]), Value: proto.String(string(b[:ln]))})
+		b = b[ln:]
 	}
 	payload := o.buf
 	codec := o.compression
@@ -518,19 +630,21 @@ func (p *Producer) flush(out *Output) error {
 		md.Compression = codec.Enum()
 	}
 	md.UncompressedSize = proto.Uint32(uint32(len(o.buf)))
-	send := wire.Send{ProducerID: p.cfg.ProducerID, SequenceID: o.lo, NumMessages: int32(o.n), HighestSequenceID: o.hi}
+	send := wire.Send{ProducerID: l.producerID, SequenceID: o.lo, NumMessages: int32(o.n), HighestSequenceID: o.hi}
 	var err error
 	out.Broker, err = wire.AppendSendFrameMetadata(out.Broker, &send, md, payload)
 	if err != nil {
 		return err
 	}
-	p.entries = append(p.entries, inflight{lo: o.lo, hi: o.hi, first: o.first, last: o.last})
-	for id := o.first; id <= o.last; id++ {
-		cs := &p.sends[id-p.sendBase]
+	ids := make([]uint64, len(o.sends))
+	for i, sc := range o.sends {
+		ids[i] = sc.id
+		cs := &p.sends[sc.id-p.sendBase]
 		cs.parts++
-		cs.unflushed = 0
+		cs.unflushed -= sc.n
 	}
-	p.lastPushed = max(p.lastPushed, int64(o.hi))
+	l.entries = append(l.entries, inflight{lo: o.lo, hi: o.hi, ids: ids})
+	l.lastPushed = max(l.lastPushed, int64(o.hi))
 	p.stats.EntriesBuilt++
 	if p.cfg.OnEntry != nil {
 		p.cfg.OnEntry(o.n)
@@ -540,19 +654,27 @@ func (p *Producer) flush(out *Output) error {
 	return nil
 }
 
-// verbatim forwards a client send unchanged, after flushing the open batch so order holds.
-func (p *Producer) verbatim(now time.Time, f wire.Frame, s *wire.Send, out *Output) error {
-	if p.open.n > 0 {
-		p.stats.FlushGroup++
-		if err := p.flush(out); err != nil {
-			return err
-		}
+// messageKeyOf returns the key bytes of a partition key copied from a message.
+func messageKeyOf(pk []byte, b64 bool) ([]byte, bool) {
+	if !b64 {
+		return pk, true
 	}
+	k, ok, err := route.MessageKey(route.KeyFields{PartitionKey: string(pk), HasPartitionKey: true, PartitionKeyB64: true})
+	return k, ok && err == nil
+}
+
+// verbatim forwards a client send unchanged on the client's own producer, after flushing the
+// open batches so order holds.
+func (p *Producer) verbatim(now time.Time, f wire.Frame, s *wire.Send, out *Output) error {
+	if err := p.flushAll(out); err != nil {
+		return err
+	}
+	l := &p.lanes[0]
 	id := p.sendBase + uint64(len(p.sends))
 	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID, parts: 1})
 	hi := max(s.SequenceID, s.HighestSequenceID)
-	p.entries = append(p.entries, inflight{lo: s.SequenceID, hi: hi, first: id, last: id})
-	p.lastPushed = max(p.lastPushed, int64(hi))
+	l.entries = append(l.entries, inflight{lo: s.SequenceID, hi: hi, ids: []uint64{id}})
+	l.lastPushed = max(l.lastPushed, int64(hi))
 	out.Broker = append(out.Broker, f.Bytes()...)
 	p.stats.EntriesVerbatim++
 	if p.cfg.OnEntry != nil {
@@ -561,20 +683,34 @@ func (p *Producer) verbatim(now time.Time, f wire.Frame, s *wire.Send, out *Outp
 	return nil
 }
 
-// Receipt takes the broker's CommandSendReceipt for the oldest entry in flight and releases
-// every client receipt that is now due, in the client's order.
-func (p *Producer) Receipt(r wire.SendReceipt, out *Output) error {
-	if len(p.entries) == 0 || p.entries[0].lo != r.SequenceID {
-		return fmt.Errorf("%w: got sequence id %d", ErrUnexpectedReceipt, r.SequenceID)
+func (p *Producer) laneOf(producerID uint64) *lane {
+	for i := range p.lanes {
+		if p.lanes[i].producerID == producerID && p.lanes[i].ready {
+			return &p.lanes[i]
+		}
 	}
-	e := p.entries[0]
-	p.entries = p.entries[1:]
-	for id := e.first; id <= e.last; id++ {
+	return nil
+}
+
+// OwnsProducer reports whether producerID is this engine's: the client's or a bucket lane's.
+func (p *Producer) OwnsProducer(producerID uint64) bool { return p.laneOf(producerID) != nil }
+
+// Receipt takes the broker's CommandSendReceipt for the oldest entry in flight on one of the
+// engine's producers and releases every client receipt that is now due, in the client's order.
+func (p *Producer) Receipt(r wire.SendReceipt, out *Output) error {
+	l := p.laneOf(r.ProducerID)
+	if l == nil || len(l.entries) == 0 || l.entries[0].lo != r.SequenceID {
+		return fmt.Errorf("%w: producer %d sequence id %d", ErrUnexpectedReceipt, r.ProducerID, r.SequenceID)
+	}
+	e := l.entries[0]
+	l.entries = l.entries[1:]
+	for _, id := range e.ids {
 		cs := &p.sends[id-p.sendBase]
 		cs.parts--
 		if !cs.hasID {
-			// Entries are acknowledged in order, so the first one to come back for a send is the
-			// one that holds its first message (contract 2).
+			// Entries of one producer are acknowledged in order, and a send's first message is
+			// in the first of its entries to be sent; across bucket lanes the first to come
+			// back is taken (contract 2 holds for the order-preserving policies).
 			cs.hasID, cs.ledger, cs.entry = true, r.LedgerID, r.EntryID
 		}
 	}
@@ -582,15 +718,17 @@ func (p *Producer) Receipt(r wire.SendReceipt, out *Output) error {
 	return nil
 }
 
-// SendError takes the broker's CommandSendError for the oldest entry in flight: every client
-// send with a message in that entry gets the same error, in order.
-func (p *Producer) SendError(seq uint64, code pulsarpb.ServerError, message string, out *Output) error {
-	if len(p.entries) == 0 || (p.entries[0].hi != seq && p.entries[0].lo != seq) {
-		return fmt.Errorf("%w: send error for sequence id %d", ErrUnexpectedReceipt, seq)
+// SendError takes the broker's CommandSendError for the oldest entry in flight on one of the
+// engine's producers: every client send with a message in that entry gets the same error, in
+// order.
+func (p *Producer) SendError(producerID, seq uint64, code pulsarpb.ServerError, message string, out *Output) error {
+	l := p.laneOf(producerID)
+	if l == nil || len(l.entries) == 0 || (l.entries[0].hi != seq && l.entries[0].lo != seq) {
+		return fmt.Errorf("%w: send error for producer %d sequence id %d", ErrUnexpectedReceipt, producerID, seq)
 	}
-	e := p.entries[0]
-	p.entries = p.entries[1:]
-	for id := e.first; id <= e.last; id++ {
+	e := l.entries[0]
+	l.entries = l.entries[1:]
+	for _, id := range e.ids {
 		cs := &p.sends[id-p.sendBase]
 		cs.parts--
 		if !cs.failed {

@@ -604,7 +604,7 @@ func TestBrokerErrorFailsEveryAffectedSendInOrder(t *testing.T) {
 	}
 	entries := decodeEntries(t, out.Broker)
 	var cout Output
-	if err := p.SendError(2, pulsarpb.ServerError_PersistenceError, "boom", &cout); err != nil {
+	if err := p.SendError(pid, 2, pulsarpb.ServerError_PersistenceError, "boom", &cout); err != nil {
 		t.Fatal(err)
 	}
 	ack(t, p, entries[1:], 1, &cout)

@@ -17,13 +17,15 @@ import (
 
 // policyKeys are the keys of one entry of the policies list, with their help.
 var policyKeys = map[string]string{
-	"topics":       "topic pattern [domain://]tenant/namespace/topic, '*' globs within a segment (required)",
-	"policy":       "passthrough, coalesce or properties (required)",
-	"max_messages": "messages per entry (default 1000)",
-	"max_bytes":    "uncompressed bytes per entry, KiB/MiB suffixes (default 128KiB; capped by the broker's max_message_size)",
-	"max_delay":    "longest a message waits in an open batch, Go duration (default 2ms)",
-	"compression":  "none, lz4, zlib, zstd or snappy for built entries (default: the first client send's codec)",
-	"restricted":   "properties policy: map of property key to allowed values ([] admits any value)",
+	"topics":        "topic pattern [domain://]tenant/namespace/topic, '*' globs within a segment (required)",
+	"policy":        "passthrough, coalesce, properties or buckets (required)",
+	"max_messages":  "messages per entry (default 1000)",
+	"max_bytes":     "uncompressed bytes per entry, KiB/MiB suffixes (default 128KiB; capped by the broker's max_message_size)",
+	"max_delay":     "longest a message waits in an open batch, Go duration (default 2ms)",
+	"compression":   "none, lz4, zlib, zstd or snappy for built entries (default: the first client send's codec)",
+	"restricted":    "properties policy: map of property key to allowed values ([] admits any value)",
+	"buckets":       "buckets policy: number of equal-width buckets over the 16-bit hashB ring (one broker producer each)",
+	"bucket_starts": "buckets policy: explicit bucket start hashes instead, first 0, strictly increasing",
 }
 
 // policiesHelp documents the policies section for --help.
@@ -35,7 +37,7 @@ func policiesHelp() string {
 	sort.Strings(keys)
 	var b strings.Builder
 	b.WriteString("\nPer-topic policies (config file only): a list under 'policies'; the first\nrule whose pattern matches a producer's topic gives its policy, unmatched\ntopics are passthrough. SIGHUP re-reads them; new producers get the new ones.\n\n")
-	b.WriteString("  policies:\n    - topics: public/default/orders-*\n      policy: coalesce\n      max_delay: 5ms\n    - topics: public/filtered/*\n      policy: properties\n      restricted: {region: [us, eu], version: ['1', '2']}\n\nKeys of a rule:\n")
+	b.WriteString("  policies:\n    - topics: public/default/orders-*\n      policy: coalesce\n      max_delay: 5ms\n    - topics: public/filtered/*\n      policy: properties\n      restricted: {region: [us, eu], version: ['1', '2']}\n    - topics: public/keyed/*\n      policy: buckets\n      buckets: 4\n\nKeys of a rule:\n")
 	for _, k := range keys {
 		fmt.Fprintf(&b, "  %-13s %s\n", k, policyKeys[k])
 	}
@@ -80,7 +82,7 @@ func parseRule(n *yaml.Node) (route.Rule[rebatch.Policy], error) {
 		k, v := n.Content[i], n.Content[i+1]
 		key := k.Value
 		if _, ok := policyKeys[key]; !ok {
-			return r, fmt.Errorf("line %d: unknown key %q (known: topics, policy, max_messages, max_bytes, max_delay, compression, restricted)", k.Line, key)
+			return r, fmt.Errorf("line %d: unknown key %q (known: topics, policy, max_messages, max_bytes, max_delay, compression, restricted, buckets, bucket_starts)", k.Line, key)
 		}
 		if seen[key] {
 			return r, fmt.Errorf("line %d: key %q given twice", k.Line, key)
@@ -149,6 +151,20 @@ func parseRule(n *yaml.Node) (route.Rule[rebatch.Policy], error) {
 			}
 			ct := pulsarpb.CompressionType(c)
 			r.Policy.Compression = &ct
+		case "buckets":
+			s, err := scalar()
+			if err != nil {
+				return r, err
+			}
+			n, err := strconv.Atoi(s)
+			if err != nil || n <= 0 {
+				return r, bad("%q is not a positive integer", s)
+			}
+			r.Policy.Buckets = n
+		case "bucket_starts":
+			if err := v.Decode(&r.Policy.BucketStarts); err != nil || v.Kind != yaml.SequenceNode {
+				return r, bad("expected a list of integers")
+			}
 		case "restricted":
 			if v.Kind != yaml.MappingNode {
 				return r, bad("expected a mapping of property key to a list of allowed values")
