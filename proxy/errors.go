@@ -36,6 +36,11 @@ var (
 	// frame.
 	ErrTruncated = errors.New("proxy: connection closed mid-frame")
 
+	// ErrChunkDrainTimeout means the client left while chunks it sent were
+	// still unacknowledged, and the broker did not acknowledge them within
+	// the drain time; their fate stays unknown to duplicate-chunk removal.
+	ErrChunkDrainTimeout = errors.New("proxy: chunk receipts not drained")
+
 	// ErrShutdown means the proxy closed the pair at the end of draining.
 	ErrShutdown = errors.New("proxy: shutting down")
 )

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rebatchproxy/rebatchproxy/chunkdedup"
 	"github.com/rebatchproxy/rebatchproxy/rebatch"
 	"github.com/rebatchproxy/rebatchproxy/route"
 	"github.com/rebatchproxy/rebatchproxy/wire"
@@ -85,18 +86,28 @@ func (m *RebatchMetrics) Collectors() []prometheus.Collector {
 // RebatchPaths returns the ProducerPathFactory of the rewriting proxy: each
 // producer gets the policy its topic matches when it is created; passthrough
 // producers' frames are forwarded untouched.
-func RebatchPaths(policies *Policies, m *RebatchMetrics, log *slog.Logger) ProducerPathFactory {
+//
+// chunks, when not nil, removes duplicate chunks (package chunkdedup) for every producer,
+// whatever its policy.
+func RebatchPaths(policies *Policies, m *RebatchMetrics, chunks *ChunkDedup, log *slog.Logger) ProducerPathFactory {
 	if log == nil {
 		log = slog.Default()
 	}
+	if policies == nil {
+		policies = NewPolicies(nil)
+	}
 	return func(info ConnInfo) ProducerPath {
 		return &rebatchPath{
-			policies: policies, m: m, info: info,
-			log:       log.With("conn", info.ID, "client", info.ClientAddr, "broker", info.BrokerAddr),
-			pending:   map[uint64]pendingProducer{},
-			producers: map[uint64]*engine{},
-			swallow:   map[uint64]struct{}{},
-			retired:   map[uint64]struct{}{},
+			policies: policies, m: m, info: info, chunks: chunks,
+			known:       map[uint64]*prodInfo{},
+			requests:    map[uint64]uint64{},
+			inflightTok: map[chunkdedup.Token]uint64{},
+			waiting:     map[chunkdedup.Token]waitRef{},
+			log:         log.With("conn", info.ID, "client", info.ClientAddr, "broker", info.BrokerAddr),
+			pending:     map[uint64]pendingProducer{},
+			producers:   map[uint64]*engine{},
+			swallow:     map[uint64]struct{}{},
+			retired:     map[uint64]struct{}{},
 		}
 	}
 }
@@ -158,6 +169,37 @@ type rebatchPath struct {
 	// retired holds bucket producer ids of dropped engines: late broker frames about them
 	// (receipts, CLOSE_PRODUCER) are not the client's and are dropped. Bounded.
 	retired map[uint64]struct{}
+
+	// Duplicate-chunk removal (nil chunks: off).
+	chunks      *ChunkDedup
+	known       map[uint64]*prodInfo        // every producer of the connection
+	requests    map[uint64]uint64           // PRODUCER request id -> producer id
+	tokSeq      uint32                      // numbers this connection's chunk tokens
+	inflightTok map[chunkdedup.Token]uint64 // forwarded chunks awaiting their fate -> producer id
+	waiting     map[chunkdedup.Token]waitRef
+	events      []tagEvent
+}
+
+// prodInfo is what the path knows of any producer on the connection.
+type prodInfo struct {
+	topic, name string
+	// inflight counts sends forwarded untracked (no engine) whose receipt is still due; an
+	// engine created later for the producer adopts them.
+	inflight int
+}
+
+// waitRef is a duplicate chunk held until its original's fate is known.
+type waitRef struct {
+	producerID uint64
+	send       uint64 // the engine's handle
+	frame      []byte // a copy, forwarded if the original fails
+}
+
+// tagEvent is the fate of a forwarded chunk, reported by an engine.
+type tagEvent struct {
+	tok           chunkdedup.Token
+	ledger, entry uint64
+	failed        bool
 }
 
 const maxRetired = 4096
@@ -185,6 +227,8 @@ func (r *rebatchPath) FromClient(f wire.Frame, out Outputs) (Verdict, error) {
 			// connection: the old engine's entries will never be acknowledged.
 			r.drop(c.GetProducerId(), e)
 		}
+		r.known[c.GetProducerId()] = &prodInfo{topic: c.GetTopic(), name: c.GetProducerName()}
+		r.requests[c.GetRequestId()] = c.GetProducerId()
 		pol := r.policies.Lookup(c.GetTopic())
 		if pol.Kind == rebatch.Buckets && c.GetProducerAccessMode() != pulsarpb.ProducerAccessMode_Shared {
 			// Bucket producers share the topic with the client's producer; an exclusive
@@ -206,8 +250,14 @@ func (r *rebatchPath) FromClient(f wire.Frame, out Outputs) (Verdict, error) {
 		if err != nil {
 			return Forward, nil
 		}
+		if s.IsChunk && r.chunks != nil {
+			return r.chunkSend(f, &s, out)
+		}
 		e, ok := r.producers[s.ProducerID]
 		if !ok {
+			if info := r.known[s.ProducerID]; info != nil {
+				info.inflight++
+			}
 			return Forward, nil
 		}
 		err = e.p.Send(time.Now(), f, &r.out)
@@ -242,6 +292,13 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 		if ps.GetRequestId() >= ownIDBase {
 			return Consumed, r.laneOpened(ps, out)
 		}
+		if pid, ok := r.requests[ps.GetRequestId()]; ok && ps.GetProducerReady() {
+			delete(r.requests, ps.GetRequestId())
+			if info := r.known[pid]; info != nil {
+				info.name = ps.GetProducerName()
+				info.inflight = 0
+			}
+		}
 		pp, ok := r.pending[ps.GetRequestId()]
 		if !ok || !ps.GetProducerReady() {
 			// Not ours, or an exclusive producer still waiting: a second
@@ -260,6 +317,7 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 			cfg.OnEntry = func(n int) { hist.Observe(float64(n)) }
 			cfg.OnReceipt = func(t time.Time) { lat.Observe(time.Since(t).Seconds()) }
 		}
+		cfg.OnTagged = r.onTagged
 		p, err := rebatch.NewProducer(cfg)
 		if err != nil {
 			// Policies are validated at load; this is a bug, not bad input.
@@ -292,6 +350,9 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 		}
 		e, ok := r.producers[rc.ProducerID]
 		if !ok {
+			if info := r.known[rc.ProducerID]; info != nil && info.inflight > 0 {
+				info.inflight--
+			}
 			return r.unknown(rc.ProducerID), nil
 		}
 		return r.emit(e.id, e, out, e.p.Receipt(rc, &r.out))
@@ -302,6 +363,9 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 		se := r.cmd.GetSendError()
 		e, ok := r.producers[se.GetProducerId()]
 		if !ok {
+			if info := r.known[se.GetProducerId()]; info != nil && info.inflight > 0 {
+				info.inflight--
+			}
 			return r.unknown(se.GetProducerId()), nil
 		}
 		r.log.Warn("broker refused an entry", "topic", e.topic, "producer_id", se.GetProducerId(), "producer", e.name,
@@ -359,6 +423,17 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 		return Consumed, nil
 	}
 	return Forward, nil
+}
+
+// writeOut writes what engines produced.
+func (r *rebatchPath) writeOut(out Outputs) {
+	if len(r.out.Broker) > 0 {
+		out.ToBroker(r.out.Broker)
+	}
+	if len(r.out.Client) > 0 {
+		out.ToClient(r.out.Client)
+	}
+	r.out.Broker, r.out.Client = r.out.Broker[:0], r.out.Client[:0]
 }
 
 // unknown says what to do with a broker frame about a producer no engine has: drop it if it
@@ -435,13 +510,8 @@ func (r *rebatchPath) laneFailed(req uint64, ce *pulsarpb.CommandError, out Outp
 // emit writes what the engine produced, accounts for it, and turns an engine
 // error into a connection error naming the producer.
 func (r *rebatchPath) emit(id uint64, e *engine, out Outputs, err error) (Verdict, error) {
-	if len(r.out.Broker) > 0 {
-		out.ToBroker(r.out.Broker)
-	}
-	if len(r.out.Client) > 0 {
-		out.ToClient(r.out.Client)
-	}
-	r.out.Broker, r.out.Client = r.out.Broker[:0], r.out.Client[:0]
+	r.processEvents()
+	r.writeOut(out)
 	r.account(e)
 	if e.closing && e.p.Pending() == 0 {
 		r.drop(id, e)
@@ -525,6 +595,20 @@ func (r *rebatchPath) drop(id uint64, e *engine) {
 	if r.m != nil {
 		r.m.activeProds.Dec()
 	}
+	if r.chunks == nil {
+		return
+	}
+	for tok, w := range r.waiting {
+		if w.producerID == id {
+			delete(r.waiting, tok)
+			r.chunks.t.Cancel(tok)
+		}
+	}
+	for tok, pid := range r.inflightTok {
+		if pid == id {
+			r.events = append(r.events, tagEvent{tok: tok, failed: true})
+		}
+	}
 }
 
 func (r *rebatchPath) updateDeadline() {
@@ -541,6 +625,13 @@ func (r *rebatchPath) updateDeadline() {
 
 // Tick flushes every open batch whose delay has expired.
 func (r *rebatchPath) Tick(now time.Time, out Outputs) error {
+	for tok := range r.waiting {
+		if ev, ok := r.chunks.take(tok); ok {
+			r.applyEvent(tok, ev)
+		}
+	}
+	r.processEvents()
+	r.writeOut(out)
 	for id, e := range r.producers {
 		if id != e.id {
 			continue // a bucket lane; its engine is ticked under the client's id
@@ -553,12 +644,160 @@ func (r *rebatchPath) Tick(now time.Time, out Outputs) error {
 	return nil
 }
 
-// NextDeadline implements ProducerPath.
-func (r *rebatchPath) NextDeadline() time.Time { return r.deadline }
+// chunkPoll is how often a connection holding duplicate chunks looks for their outcome.
+const chunkPoll = time.Millisecond
 
-// Close implements ProducerPath.
+// NextDeadline implements ProducerPath.
+func (r *rebatchPath) NextDeadline() time.Time {
+	if len(r.waiting) > 0 {
+		if poll := time.Now().Add(chunkPoll); r.deadline.IsZero() || poll.Before(r.deadline) {
+			return poll
+		}
+	}
+	return r.deadline
+}
+
+// Close implements ProducerPath. Chunks still in flight on this connection are reported
+// failed, so a copy held elsewhere is forwarded there; copies held here are withdrawn.
 func (r *rebatchPath) Close() {
 	for id, e := range r.producers {
 		r.drop(id, e)
 	}
+	r.processEvents()
+}
+
+// InFlightChunks reports how many forwarded chunks still await their receipt; the connection
+// keeps its broker side open for them (bounded) after the client leaves, so the tracker
+// learns where they were stored.
+func (r *rebatchPath) InFlightChunks() int { return len(r.inflightTok) }
+
+// newToken returns a chunk token unique in the process: the connection id and a counter.
+func (r *rebatchPath) newToken() chunkdedup.Token {
+	r.tokSeq++
+	return chunkdedup.Token(r.info.ID<<32 | uint64(r.tokSeq))
+}
+
+// chunkSend handles a chunk from the client (any policy): the tracker decides whether it is
+// forwarded or answered, and the producer's engine (created on its first chunk for a
+// passthrough producer) keeps the receipts in the client's order.
+func (r *rebatchPath) chunkSend(f wire.Frame, s *wire.Send, out Outputs) (Verdict, error) {
+	now := time.Now()
+	e, ok := r.producers[s.ProducerID]
+	if !ok {
+		info := r.known[s.ProducerID]
+		if info == nil || info.name == "" {
+			return Forward, nil // not a producer the broker accepted on this connection
+		}
+		p, err := rebatch.NewProducer(rebatch.Config{TrackOnly: true, ProducerID: s.ProducerID, ProducerName: info.name,
+			MaxMessageSize: r.info.MaxMessageSize, LastSequenceID: -1, Adopt: info.inflight, OnTagged: r.onTagged})
+		if err != nil {
+			return Forward, nil
+		}
+		e = &engine{p: p, id: s.ProducerID, topic: info.topic, name: info.name, kind: string(rebatch.Passthrough)}
+		r.producers[s.ProducerID] = e
+		if r.m != nil {
+			r.m.activeProds.Inc()
+		}
+	}
+	var md pulsarpb.MessageMetadata
+	if !f.HasPayload() || wire.DecodeMetadata(f.Metadata(), &md) != nil || md.ChunkId == nil || md.GetNumChunksFromMsg() < 2 {
+		return r.emit(e.id, e, out, e.p.Send(now, f, &r.out)) // not a chunk the tracker can key
+	}
+	fp := uint64(wire.CRC32C(f.ChecksummedBytes()))
+	tok := r.newToken()
+	d := r.chunks.t.Offer(chunkdedup.Chunk{Topic: e.topic, Producer: e.name, SequenceID: s.SequenceID,
+		ChunkID: int(md.GetChunkId()), NumChunks: int(md.GetNumChunksFromMsg()), Fingerprint: fp, Token: tok})
+	r.chunks.decisions.WithLabelValues(d.Rule.String()).Inc()
+	switch d.Action {
+	case chunkdedup.Forward:
+		r.inflightTok[tok] = e.id
+		return r.emit(e.id, e, out, e.p.SendTagged(now, f, uint64(tok), &r.out))
+	case chunkdedup.AnswerNow:
+		r.log.Info("duplicate chunk answered with its stored copy", "topic", e.topic, "producer", e.name,
+			"sequence_id", s.SequenceID, "chunk_id", md.GetChunkId(), "ledger", d.Ledger, "entry", d.Entry)
+		id, err := e.p.Hold(now, f, &r.out)
+		if err == nil {
+			e.p.Resolve(id, d.Ledger, d.Entry, &r.out)
+		}
+		return r.emit(e.id, e, out, err)
+	case chunkdedup.AnswerWhenPersisted:
+		r.log.Info("duplicate chunk held until its original is stored", "topic", e.topic, "producer", e.name,
+			"sequence_id", s.SequenceID, "chunk_id", md.GetChunkId())
+		id, err := e.p.Hold(now, f, &r.out)
+		if err == nil {
+			r.waiting[tok] = waitRef{producerID: e.id, send: id, frame: append([]byte(nil), f.Bytes()...)}
+		}
+		return r.emit(e.id, e, out, err)
+	default: // Reject
+		id, err := e.p.Hold(now, f, &r.out)
+		if err == nil {
+			e.p.Fail(id, pulsarpb.ServerError_PersistenceError, "duplicate chunk: too many copies waiting; resend later", &r.out)
+		}
+		r.chunks.t.Cancel(tok)
+		return r.emit(e.id, e, out, err)
+	}
+}
+
+// onTagged is every engine's OnTagged: a forwarded chunk's fate, processed after the engine
+// call returns.
+func (r *rebatchPath) onTagged(tag, ledger, entry uint64, failed bool) {
+	r.events = append(r.events, tagEvent{tok: chunkdedup.Token(tag), ledger: ledger, entry: entry, failed: failed})
+}
+
+// processEvents reports forwarded chunks' fates to the tracker and delivers what follows to
+// the held copies, here or, through the mailbox, on other connections.
+func (r *rebatchPath) processEvents() {
+	for len(r.events) > 0 {
+		ev := r.events[0]
+		r.events = r.events[1:]
+		delete(r.inflightTok, ev.tok)
+		if !ev.failed {
+			for _, a := range r.chunks.t.Persisted(ev.tok, ev.ledger, ev.entry) {
+				r.deliver(a.Token, chunkEvent{ledger: a.Ledger, entry: a.Entry})
+			}
+			continue
+		}
+		if promoted, ok := r.chunks.t.Failed(ev.tok); ok {
+			r.deliver(promoted, chunkEvent{promote: true})
+		}
+	}
+}
+
+func (r *rebatchPath) deliver(tok chunkdedup.Token, ev chunkEvent) {
+	if _, ok := r.waiting[tok]; ok {
+		r.applyEvent(tok, ev)
+		return
+	}
+	r.chunks.post(tok, ev)
+}
+
+// applyEvent settles a duplicate held here: answer it, or forward it because its original
+// failed.
+func (r *rebatchPath) applyEvent(tok chunkdedup.Token, ev chunkEvent) {
+	w, ok := r.waiting[tok]
+	if !ok {
+		return
+	}
+	delete(r.waiting, tok)
+	e := r.producers[w.producerID]
+	if e == nil {
+		if ev.promote {
+			// Nobody here can forward it any more: let the next copy go.
+			r.events = append(r.events, tagEvent{tok: tok, failed: true})
+		}
+		return
+	}
+	if !ev.promote {
+		e.p.Resolve(w.send, ev.ledger, ev.entry, &r.out)
+		return
+	}
+	f, _, err := wire.ReadFrame(w.frame, len(w.frame))
+	if err == nil {
+		err = e.p.Promote(w.send, f, uint64(tok), &r.out)
+	}
+	if err != nil {
+		r.events = append(r.events, tagEvent{tok: tok, failed: true})
+		return
+	}
+	r.inflightTok[tok] = e.id
 }

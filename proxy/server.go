@@ -13,6 +13,8 @@ import (
 	"github.com/panjf2000/gnet/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
+
+	"github.com/rebatchproxy/rebatchproxy/chunkdedup"
 )
 
 // Server is the proxy: one gnet engine serving clients, with each client's
@@ -60,7 +62,8 @@ func New(cfg Config) (*Server, error) {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.ProducerPaths == nil {
-		cfg.ProducerPaths = func(ConnInfo) ProducerPath { return Passthrough{} }
+		// Every topic passthrough, duplicate chunks removed (DESIGN: on under every policy).
+		cfg.ProducerPaths = RebatchPaths(nil, nil, NewChunkDedup(chunkdedup.Config{}), cfg.Logger)
 	}
 	s := &Server{
 		cfg:    cfg,
@@ -250,6 +253,8 @@ func (s *Server) OnTick() (time.Duration, gnet.Action) {
 			ss.closeAsync(ErrHandshakeTimeout)
 		case idle > 0 && now-ss.lastActive.Load() > idle:
 			ss.closeAsync(fmt.Errorf("%w: nothing moved for %s", ErrIdleTimeout, s.cfg.IdleTimeout))
+		case ss.drainDeadline.Load() != 0 && now > ss.drainDeadline.Load():
+			ss.closeAsync(ErrChunkDrainTimeout)
 		case ss.pausedAny.Load():
 			ss.resumeAsync()
 		}

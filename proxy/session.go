@@ -53,6 +53,9 @@ type session struct {
 	// published for the ticker; tickQueued dedups its tick tasks.
 	pathDeadline atomic.Int64
 	tickQueued   atomic.Bool
+	// drainDeadline (unix ns, 0 = none) bounds how long the broker side stays
+	// open after the client left with chunks in flight (clientGone).
+	drainDeadline atomic.Int64
 
 	// Loop-owned.
 	state        int
@@ -69,6 +72,7 @@ type session struct {
 	cmd          pulsarpb.BaseCommand
 	scratch      []byte
 	producers    map[uint64]string // producer id -> topic, for logs
+	clientGone   bool              // the client closed; the broker side drains chunk receipts
 	consumers    map[uint64]string // consumer id -> topic, for logs
 
 	// Pump state while a batch of frames is being processed, so Outputs
@@ -138,7 +142,19 @@ func (s *session) onTraffic(e *end, c gnet.Conn) gnet.Action {
 		}
 		return gnet.None
 	}
-	return s.pump(c, e.dir)
+	action := s.pump(c, e.dir)
+	if s.clientGone && action == gnet.None && !s.chunksInFlight() {
+		s.logger().Debug("chunk receipts drained after the client left")
+		return gnet.Close
+	}
+	return action
+}
+
+// chunksInFlight reports whether the producer path still waits for receipts
+// of chunks it forwarded (see Server docs on draining after a client leaves).
+func (s *session) chunksInFlight() bool {
+	d, ok := s.path.(interface{ InFlightChunks() int })
+	return ok && d.InFlightChunks() > 0
 }
 
 // fail records err as the close reason and returns the action closing the
@@ -168,6 +184,10 @@ func (s *session) closeAsync(err error) {
 		}
 		if s.reason == nil {
 			s.reason = err
+		}
+		if s.clientGone && s.broker != nil {
+			_ = s.broker.Close()
+			return nil
 		}
 		_ = s.client.Close()
 		return nil
@@ -318,6 +338,10 @@ loop:
 
 // flushRun writes the pending run of forwarded frames to the peer.
 func (s *session) flushRun() {
+	if s.clientGone && s.pumpDir == toClient {
+		s.pumpRun = s.pumpOff // the client left: its frames go nowhere
+		return
+	}
 	if s.pumpOff > s.pumpRun {
 		if s.pumpDst == nil {
 			s.pumpFail = fmt.Errorf("%w: frames from %s before the broker connection", ErrOutOfOrder, sideName(s.pumpDir))
@@ -349,6 +373,9 @@ func (s *session) ToClient(b []byte) { s.writeOut(toClient, b) }
 
 func (s *session) writeOut(d direction, b []byte) {
 	s.flushRun()
+	if s.clientGone && d == toClient {
+		return
+	}
 	dst := s.peer(d)
 	if dst == nil {
 		s.pumpFail = fmt.Errorf("%w: no %s connection", ErrOutOfOrder, peerSideName(d))
@@ -462,6 +489,9 @@ func (s *session) notePathDeadline() {
 	}
 	s.pathDeadline.Store(ns)
 }
+
+// chunkDrainTime bounds the broker side's drain after the client left.
+const chunkDrainTime = 10 * time.Second
 
 // tickAsync asks the loop to run the ProducerPath's Tick. Called from the
 // ticker goroutine once pathDeadline has passed.
@@ -758,8 +788,19 @@ func (s *session) onClose(e *end, c gnet.Conn, err error) {
 	if s.state == stClosed {
 		return
 	}
+	if e.dir == toBroker && s.state == stEstablished && s.broker != nil && !s.clientGone && s.chunksInFlight() {
+		// The client left with chunks unacknowledged. Their receipts tell
+		// duplicate-chunk removal where they were stored, so the copies the
+		// client resends on its next connection are answered, not stored
+		// again: keep the broker side open for them, bounded.
+		s.clientGone = true
+		s.drainDeadline.Store(s.srv.now.Load() + int64(chunkDrainTime))
+		s.logger().Info("client left with chunks in flight; draining their receipts", "limit", chunkDrainTime)
+		return
+	}
 	prev := s.state
 	s.state = stClosed
+	s.drainDeadline.Store(0)
 	reason := s.reason
 	if reason == nil {
 		if n := c.InboundBuffered(); n > 0 {

@@ -52,6 +52,16 @@ type Config struct {
 	// OnReceipt, when set, is called with the time Send received a client send whose receipt
 	// is being released.
 	OnReceipt func(sentAt time.Time)
+	// OnTagged, when set, learns the fate of every send forwarded by SendTagged: its
+	// receipt's position, or failed when the broker refused it.
+	OnTagged func(tag, ledger, entry uint64, failed bool)
+	// TrackOnly makes an engine for a passthrough producer: every send is forwarded
+	// unchanged (the metadata is not even decoded); the engine only keeps the client's receipt
+	// order, so sends answered by the proxy (duplicate chunks) can be slotted in.
+	TrackOnly bool
+	// Adopt is the number of sends the client had in flight before the engine existed; their
+	// receipts are relayed first, whatever their sequence ids.
+	Adopt int
 }
 
 // Output collects what one engine call produced: frames for the broker and frames for the
@@ -80,6 +90,7 @@ type Stats struct {
 // clientSend is one CommandSend of the client awaiting its receipt.
 type clientSend struct {
 	sentAt     time.Time
+	adopted    bool // sent before the engine existed: seq and highest come from its receipt
 	seq        uint64 // CommandSend.sequence_id, echoed verbatim
 	highest    uint64 // CommandSend.highest_sequence_id, echoed when the client set it
 	unflushed  int    // messages of this send still in open batches
@@ -95,8 +106,10 @@ type clientSend struct {
 // inflight is one entry sent to the broker and not yet acknowledged, with the client sends
 // that have messages in it.
 type inflight struct {
-	lo, hi uint64
-	ids    []uint64
+	lo, hi  uint64
+	adopted bool // matches any receipt: a send from before the engine existed
+	ids     []uint64
+	tag    uint64 // non-zero for a tagged verbatim send (a tracked chunk), see SendTagged
 }
 
 // msgRef is one message of the send being taken apart; slices alias the client's frame or the
@@ -183,11 +196,12 @@ type Producer struct {
 // NewProducer returns the engine for one client producer. Under the buckets policy the engine
 // is not ready until OpenLanes and LaneOpened have created its bucket producers.
 func NewProducer(cfg Config) (*Producer, error) {
-	if err := cfg.Policy.Validate(); err != nil {
+	if cfg.TrackOnly {
+		cfg.Policy = Policy{Kind: Passthrough}
+	} else if err := cfg.Policy.Validate(); err != nil {
 		return nil, err
-	}
-	if cfg.Policy.Kind == Passthrough {
-		return nil, fmt.Errorf("%w: passthrough producers do not use the engine", ErrInvalidPolicy)
+	} else if cfg.Policy.Kind == Passthrough {
+		return nil, fmt.Errorf("%w: passthrough producers use the engine only to track receipts (TrackOnly)", ErrInvalidPolicy)
 	}
 	if cfg.MaxMessageSize <= 0 {
 		cfg.MaxMessageSize = 5 << 20
@@ -211,6 +225,10 @@ func NewProducer(cfg Config) (*Producer, error) {
 	p.budget = min(cfg.Policy.MaxBytes, cfg.MaxMessageSize-8<<10)
 	if p.budget < 1<<10 {
 		p.budget = 1 << 10
+	}
+	for i := 0; i < cfg.Adopt; i++ {
+		p.sends = append(p.sends, clientSend{adopted: true, parts: 1})
+		p.lanes[0].entries = append(p.lanes[0].entries, inflight{adopted: true, ids: []uint64{uint64(i)}})
 	}
 	return p, nil
 }
@@ -296,6 +314,10 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 	}
 	if !f.HasPayload() {
 		return ErrMalformedSend
+	}
+	if p.cfg.TrackOnly {
+		p.stats.ClientSends++
+		return p.verbatim(now, f, &s, out)
 	}
 	p.md.Reset()
 	if err := wire.DecodeMetadata(f.Metadata(), &p.md); err != nil {
@@ -699,11 +721,18 @@ func (p *Producer) OwnsProducer(producerID uint64) bool { return p.laneOf(produc
 // engine's producers and releases every client receipt that is now due, in the client's order.
 func (p *Producer) Receipt(r wire.SendReceipt, out *Output) error {
 	l := p.laneOf(r.ProducerID)
-	if l == nil || len(l.entries) == 0 || l.entries[0].lo != r.SequenceID {
+	if l == nil || len(l.entries) == 0 || (!l.entries[0].adopted && l.entries[0].lo != r.SequenceID) {
 		return fmt.Errorf("%w: producer %d sequence id %d", ErrUnexpectedReceipt, r.ProducerID, r.SequenceID)
 	}
 	e := l.entries[0]
 	l.entries = l.entries[1:]
+	if e.adopted {
+		cs := &p.sends[e.ids[0]-p.sendBase]
+		cs.seq, cs.highest = r.SequenceID, r.HighestSequenceID
+	}
+	if e.tag != 0 && p.cfg.OnTagged != nil {
+		p.cfg.OnTagged(e.tag, r.LedgerID, r.EntryID, false)
+	}
 	for _, id := range e.ids {
 		cs := &p.sends[id-p.sendBase]
 		cs.parts--
@@ -723,11 +752,17 @@ func (p *Producer) Receipt(r wire.SendReceipt, out *Output) error {
 // order.
 func (p *Producer) SendError(producerID, seq uint64, code pulsarpb.ServerError, message string, out *Output) error {
 	l := p.laneOf(producerID)
-	if l == nil || len(l.entries) == 0 || (l.entries[0].hi != seq && l.entries[0].lo != seq) {
+	if l == nil || len(l.entries) == 0 || (!l.entries[0].adopted && l.entries[0].hi != seq && l.entries[0].lo != seq) {
 		return fmt.Errorf("%w: send error for producer %d sequence id %d", ErrUnexpectedReceipt, producerID, seq)
 	}
 	e := l.entries[0]
 	l.entries = l.entries[1:]
+	if e.adopted {
+		p.sends[e.ids[0]-p.sendBase].seq = seq
+	}
+	if e.tag != 0 && p.cfg.OnTagged != nil {
+		p.cfg.OnTagged(e.tag, 0, 0, true)
+	}
 	for _, id := range e.ids {
 		cs := &p.sends[id-p.sendBase]
 		cs.parts--

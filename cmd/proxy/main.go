@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/rebatchproxy/rebatchproxy/chunkdedup"
 	"github.com/rebatchproxy/rebatchproxy/proxy"
 	"github.com/rebatchproxy/rebatchproxy/rebatch"
 	"github.com/rebatchproxy/rebatchproxy/route"
@@ -51,7 +52,8 @@ func run(args []string) int {
 	cfg.Logger = log
 	policies := proxy.NewPolicies(o.policies)
 	rm := proxy.NewRebatchMetrics()
-	cfg.ProducerPaths = proxy.RebatchPaths(policies, rm, log)
+	chunks := proxy.NewChunkDedup(chunkdedup.Config{})
+	cfg.ProducerPaths = proxy.RebatchPaths(policies, rm, chunks, log)
 	srv, err := proxy.New(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "proxy: config:", err)
@@ -62,6 +64,7 @@ func run(args []string) int {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(srv.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		reg.MustRegister(rm.Collectors()...)
+		reg.MustRegister(chunks.Collectors()...)
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })

@@ -4,9 +4,8 @@
 // receipts reached the client; they reconnect and resend; the topic then holds duplicate chunks
 // (read raw) and a pulsar-client-go v0.18.0 consumer fails to deliver the affected messages.
 //
-// The default run is the direct reproduction (no proxy), which asserts that the failure happens.
-// The same scenario through the proxy, which asserts that it does not, is behind the build tag
-// chunkdedup_e2e until chunkdedup is wired into the proxy (README.md).
+// The direct reproduction (no proxy) asserts that the failure happens; the same scenario through
+// the proxy asserts that it does not (README.md).
 //
 // The broker is a private one with maxMessageSize 64 KiB, so that every client chunks the same way
 // without a chunk-size option (Java 2.10.6 has none), unless CHUNKS_SERVICE_URL and

@@ -1,8 +1,5 @@
-//go:build chunkdedup_e2e
-
-// This file is the same scenario through the proxy. It is kept out of the default run (build tag
-// chunkdedup_e2e) until chunkdedup is wired into the proxy's producer path: before that, the proxy
-// forwards resent chunks like any frame and this test fails. See README.md.
+// This file is the same scenario through the proxy, whose producer path removes duplicate chunks
+// (package chunkdedup, on by default): each chunk must be stored once. See README.md.
 
 package chunks_test
 

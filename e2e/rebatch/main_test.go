@@ -16,6 +16,7 @@ import (
 	plog "github.com/apache/pulsar-client-go/pulsar/log"
 	"github.com/sirupsen/logrus"
 
+	"github.com/rebatchproxy/rebatchproxy/chunkdedup"
 	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
 	"github.com/rebatchproxy/rebatchproxy/proxy"
 	"github.com/rebatchproxy/rebatchproxy/rebatch"
@@ -44,7 +45,7 @@ func startProxy(t *testing.T, b *harness.Broker, ns string, pol rebatch.Policy) 
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Brokers = []string{addr}
 	cfg.Logger = log
-	cfg.ProducerPaths = proxy.RebatchPaths(proxy.NewPolicies(m), proxy.NewRebatchMetrics(), log)
+	cfg.ProducerPaths = proxy.RebatchPaths(proxy.NewPolicies(m), proxy.NewRebatchMetrics(), proxy.NewChunkDedup(chunkdedup.Config{}), log)
 	srv, err := proxy.New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,68 @@
+package proxy
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rebatchproxy/rebatchproxy/chunkdedup"
+)
+
+// ChunkDedup is the proxy-wide duplicate-chunk state (PIP-295 done in the proxy): one
+// chunkdedup.Tracker keyed by (topic, producer name), shared by every connection because a
+// client that lost its connection resends on a new one.
+//
+// A decision taken on one connection can concern a chunk held on another: a resent chunk that
+// waits for its original, in flight on the old connection, is answered when that original's
+// receipt arrives there; if the original fails, the copy is forwarded by the connection that
+// holds it. Such events go through a mailbox that each connection polls on its ticks.
+//
+// Any goroutine may call its methods.
+type ChunkDedup struct {
+	t    *chunkdedup.Tracker
+	mu   sync.Mutex
+	mail map[chunkdedup.Token]chunkEvent
+
+	decisions *prometheus.CounterVec
+}
+
+// chunkEvent is the outcome of a held duplicate, for the connection holding it.
+type chunkEvent struct {
+	promote       bool // forward it after all: its original failed
+	ledger, entry uint64
+}
+
+// NewChunkDedup returns the shared state with the given tracker bounds.
+func NewChunkDedup(cfg chunkdedup.Config) *ChunkDedup {
+	return &ChunkDedup{
+		t:    chunkdedup.New(cfg),
+		mail: map[chunkdedup.Token]chunkEvent{},
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rebatchproxy_chunk_decisions_total",
+			Help: "Chunks offered to duplicate-chunk removal, by the rule that decided (persisted and in_flight are duplicates dropped)."},
+			[]string{"rule"}),
+	}
+}
+
+// Collectors returns the metrics for registration.
+func (c *ChunkDedup) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{c.decisions}
+}
+
+// Stats returns the tracker's counters.
+func (c *ChunkDedup) Stats() chunkdedup.Stats { return c.t.Stats() }
+
+func (c *ChunkDedup) post(tok chunkdedup.Token, ev chunkEvent) {
+	c.mu.Lock()
+	c.mail[tok] = ev
+	c.mu.Unlock()
+}
+
+func (c *ChunkDedup) take(tok chunkdedup.Token) (chunkEvent, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ev, ok := c.mail[tok]
+	if ok {
+		delete(c.mail, tok)
+	}
+	return ev, ok
+}
