@@ -41,6 +41,10 @@ var (
 	// the drain time; their fate stays unknown to duplicate-chunk removal.
 	ErrChunkDrainTimeout = errors.New("proxy: chunk receipts not drained")
 
+	// ErrInternal means a bug: handling the connection panicked. The
+	// connection is closed; the panic and stack are logged.
+	ErrInternal = errors.New("proxy: internal error")
+
 	// ErrShutdown means the proxy closed the pair at the end of draining.
 	ErrShutdown = errors.New("proxy: shutting down")
 )

@@ -42,7 +42,8 @@ type frameCounters struct {
 var closeReasons = [...]string{
 	"client_closed", "broker_closed", "out_of_order", "target_refused",
 	"broker_unreachable", "handshake_timeout", "idle_timeout", "buffer_limit",
-	"truncated", "frame_too_large", "corrupt_frame", "shutdown", "broker_error",
+	"truncated", "frame_too_large", "corrupt_frame", "shutdown", "broker_error", "internal_error",
+	"chunk_drain_timeout",
 }
 
 const (
@@ -59,6 +60,8 @@ const (
 	reasonCorruptFrame
 	reasonShutdown
 	reasonBrokerError
+	reasonInternal
+	reasonChunkDrain
 )
 
 // reasonIndex maps a close error to its label.
@@ -84,6 +87,10 @@ func reasonIndex(err error) int {
 		return reasonCorruptFrame
 	case errors.Is(err, ErrShutdown):
 		return reasonShutdown
+	case errors.Is(err, ErrInternal):
+		return reasonInternal
+	case errors.Is(err, ErrChunkDrainTimeout):
+		return reasonChunkDrain
 	}
 	return reasonBrokerError
 }
@@ -109,6 +116,7 @@ type metrics struct {
 	lookups        [len(lookupResults)]atomic.Uint64
 	lookupsFlight  atomic.Int64
 	pauses         [2]atomic.Uint64
+	panics         atomic.Uint64
 	knownBrokers   func() int
 	descConnsOpen  *prometheus.Desc
 	descConnsTotal *prometheus.Desc
@@ -119,6 +127,7 @@ type metrics struct {
 	descFlight     *prometheus.Desc
 	descPauses     *prometheus.Desc
 	descKnown      *prometheus.Desc
+	descPanics     *prometheus.Desc
 }
 
 func newMetrics() *metrics {
@@ -141,6 +150,8 @@ func newMetrics() *metrics {
 			"Times forwarding in a direction paused because the receiving side was slow.", []string{"direction"}, nil),
 		descKnown: prometheus.NewDesc("rebatchproxy_known_brokers",
 			"Broker addresses a data connection may target (configured plus learned).", nil, nil),
+		descPanics: prometheus.NewDesc("rebatchproxy_internal_errors_total",
+			"Connections closed because handling them panicked (a bug; the log has the stack).", nil, nil),
 	}
 }
 
@@ -158,7 +169,7 @@ func (m *metrics) countFrame(shard uint32, d direction, t pulsarpb.BaseCommand_T
 // Describe implements prometheus.Collector.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.descConnsOpen, m.descConnsTotal, m.descFrames, m.descBytes,
-		m.descCloses, m.descLookups, m.descFlight, m.descPauses, m.descKnown} {
+		m.descCloses, m.descLookups, m.descFlight, m.descPauses, m.descKnown, m.descPanics} {
 		ch <- d
 	}
 }
@@ -197,6 +208,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.descLookups, prometheus.CounterValue, float64(m.lookups[i].Load()), r)
 	}
 	ch <- prometheus.MustNewConstMetric(m.descFlight, prometheus.GaugeValue, float64(m.lookupsFlight.Load()))
+	ch <- prometheus.MustNewConstMetric(m.descPanics, prometheus.CounterValue, float64(m.panics.Load()))
 	if m.knownBrokers != nil {
 		ch <- prometheus.MustNewConstMetric(m.descKnown, prometheus.GaugeValue, float64(m.knownBrokers()))
 	}

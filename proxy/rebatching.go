@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -108,6 +109,7 @@ func RebatchPaths(policies *Policies, m *RebatchMetrics, chunks *ChunkDedup, log
 			producers:   map[uint64]*engine{},
 			swallow:     map[uint64]struct{}{},
 			retired:     map[uint64]struct{}{},
+			shared:      map[string]*rebatch.SharedLane{},
 		}
 	}
 }
@@ -169,6 +171,9 @@ type rebatchPath struct {
 	// retired holds bucket producer ids of dropped engines: late broker frames about them
 	// (receipts, CLOSE_PRODUCER) are not the client's and are dropped. Bounded.
 	retired map[uint64]struct{}
+
+	// shared holds the lanes of coalesce with merge_producers, one per topic.
+	shared map[string]*rebatch.SharedLane
 
 	// Duplicate-chunk removal (nil chunks: off).
 	chunks      *ChunkDedup
@@ -318,6 +323,14 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 			cfg.OnReceipt = func(t time.Time) { lat.Observe(time.Since(t).Seconds()) }
 		}
 		cfg.OnTagged = r.onTagged
+		if pp.policy.MergeProducers {
+			sl, ok := r.shared[pp.topic]
+			if !ok {
+				sl = rebatch.NewSharedLane(fmt.Sprintf("rebatchproxy-%s-%d-%d", processNonce, r.info.ID, len(r.shared)))
+				r.shared[pp.topic] = sl
+			}
+			cfg.Shared = sl
+		}
 		p, err := rebatch.NewProducer(cfg)
 		if err != nil {
 			// Policies are validated at load; this is a bug, not bad input.
@@ -340,7 +353,9 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 		r.opening++
 		err = p.OpenLanes(pp.topic, pp.schema, r.newID, &r.out)
 		for _, id := range p.LaneProducers() {
-			r.producers[id] = e
+			if _, taken := r.producers[id]; !taken { // a shared lane keeps its first engine
+				r.producers[id] = e
+			}
 		}
 		return r.emit(pp.producerID, e, out, err)
 	case pulsarpb.BaseCommand_SEND_RECEIPT:
@@ -448,12 +463,15 @@ func (r *rebatchPath) unknown(id uint64) Verdict {
 // laneOpened takes the broker's PRODUCER_SUCCESS for a bucket producer; when an engine's
 // last one arrives, the client gets its withheld PRODUCER_SUCCESS.
 func (r *rebatchPath) laneOpened(ps *pulsarpb.CommandProducerSuccess, out Outputs) error {
-	for _, e := range r.producers {
-		if e.held == nil || !e.p.OwnsRequest(ps.GetRequestId()) {
-			continue
+	var owners []*engine
+	for id, e := range r.producers {
+		if id == e.id && e.held != nil && e.p.OwnsRequest(ps.GetRequestId()) {
+			owners = append(owners, e)
 		}
+	}
+	for _, e := range owners {
 		if !e.p.LaneOpened(ps.GetRequestId(), ps.GetLastSequenceId()) {
-			return nil
+			continue
 		}
 		r.opening--
 		// The client resumes its sequence from this value (on its first connect), so it
@@ -464,10 +482,9 @@ func (r *rebatchPath) laneOpened(ps *pulsarpb.CommandProducerSuccess, out Output
 			return err
 		}
 		e.held = nil
-		r.log.Info("bucket producers ready", "topic", e.topic, "producer_id", e.id, "producer", e.name,
-			"buckets", len(e.p.LaneProducers()), "last_sequence_id", e.p.LastSequenceID())
+		r.log.Info("proxy producers ready", "topic", e.topic, "producer_id", e.id, "producer", e.name,
+			"lanes", len(e.p.LaneProducers()), "last_sequence_id", e.p.LastSequenceID())
 		out.ToClient(b)
-		return nil
 	}
 	return nil
 }
@@ -511,12 +528,12 @@ func (r *rebatchPath) laneFailed(req uint64, ce *pulsarpb.CommandError, out Outp
 // error into a connection error naming the producer.
 func (r *rebatchPath) emit(id uint64, e *engine, out Outputs, err error) (Verdict, error) {
 	r.processEvents()
-	r.writeOut(out)
 	r.account(e)
 	if e.closing && e.p.Pending() == 0 {
 		r.drop(id, e)
 	}
 	r.updateDeadline()
+	r.writeOut(out)
 	if err != nil {
 		if r.m != nil {
 			r.m.engineErrs.WithLabelValues(e.kind, errorLabel(err)).Inc()
@@ -580,13 +597,22 @@ func (r *rebatchPath) drop(id uint64, e *engine) {
 	if r.producers[id] != e {
 		return
 	}
+	e.p.Abandon()
 	delete(r.producers, id)
 	if len(r.retired) > maxRetired {
 		clear(r.retired)
 	}
 	for _, lid := range e.p.LaneProducers() {
+		if r.producers[lid] != e {
+			continue // a shared lane routed through another engine
+		}
 		delete(r.producers, lid)
+		if next := r.sharedMember(lid); next != nil {
+			r.producers[lid] = next
+			continue
+		}
 		r.retired[lid] = struct{}{}
+		r.closeShared(lid)
 	}
 	if e.held != nil {
 		e.held = nil
@@ -800,4 +826,35 @@ func (r *rebatchPath) applyEvent(tok chunkdedup.Token, ev chunkEvent) {
 		return
 	}
 	r.inflightTok[tok] = e.id
+}
+
+// processNonce tells this proxy process's shared producers apart from another's on the same
+// broker.
+var processNonce = strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
+
+// sharedMember returns another engine writing through the shared lane with producer id lid.
+func (r *rebatchPath) sharedMember(lid uint64) *engine {
+	for id, e := range r.producers {
+		if id == e.id && !e.p.Abandoned() && e.p.OwnsProducer(lid) {
+			return e
+		}
+	}
+	return nil
+}
+
+// closeShared closes the broker producer of a shared lane nobody uses any more.
+func (r *rebatchPath) closeShared(lid uint64) {
+	for topic, sl := range r.shared {
+		if sl.ProducerID() != lid {
+			continue
+		}
+		delete(r.shared, topic)
+		req := r.newID()
+		b, err := wire.AppendCommandFrame(nil, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_PRODUCER.Enum(),
+			CloseProducer: &pulsarpb.CommandCloseProducer{ProducerId: proto.Uint64(lid), RequestId: proto.Uint64(req)}})
+		if err == nil {
+			r.swallow[req] = struct{}{}
+			r.out.Broker = append(r.out.Broker, b...)
+		}
+	}
 }

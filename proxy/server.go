@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -218,12 +219,25 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 }
 
 // OnTraffic implements gnet.EventHandler; it runs on the connection's loop.
-func (s *Server) OnTraffic(c gnet.Conn) gnet.Action {
+// A panic while handling one connection's frames (a bug, never expected)
+// closes that connection with the panic and stack in the log; it must not
+// take the other connections down with the process.
+func (s *Server) OnTraffic(c gnet.Conn) (action gnet.Action) {
 	e, ok := c.Context().(*end)
 	if !ok {
 		_, _ = c.Discard(-1)
 		return gnet.Close
 	}
+	defer func() {
+		if v := recover(); v != nil {
+			s.m.panics.Add(1)
+			e.s.logger().Error("BUG: panic while handling a connection; closing it", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			if e.s.reason == nil {
+				e.s.reason = fmt.Errorf("%w: %v", ErrInternal, v)
+			}
+			action = gnet.Close
+		}
+	}()
 	return e.s.onTraffic(e, c)
 }
 

@@ -29,7 +29,7 @@ func (p *Producer) SendTagged(now time.Time, f wire.Frame, tag uint64, out *Outp
 	if err := p.verbatim(now, f, &s, out); err != nil {
 		return err
 	}
-	l := &p.lanes[0]
+	l := p.lanes[0]
 	l.entries[len(l.entries)-1].tag = tag
 	return nil
 }
@@ -95,9 +95,9 @@ func (p *Producer) Promote(id uint64, f wire.Frame, tag uint64, out *Output) err
 	if err := p.flushAll(out); err != nil {
 		return err
 	}
-	l := &p.lanes[0]
+	l := p.lanes[0]
 	hi := max(s.SequenceID, s.HighestSequenceID)
-	l.entries = append(l.entries, inflight{lo: s.SequenceID, hi: hi, ids: []uint64{id}, tag: tag})
+	l.entries = append(l.entries, inflight{lo: s.SequenceID, hi: hi, refs: []sendRef{{p, id}}, tag: tag})
 	l.lastPushed = max(l.lastPushed, int64(hi))
 	out.Broker = append(out.Broker, f.Bytes()...)
 	p.stats.EntriesVerbatim++

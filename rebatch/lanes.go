@@ -20,7 +20,10 @@ import (
 // producer's schema, so the broker checks the lanes as it checked the client.
 func (p *Producer) OpenLanes(topic string, schema *pulsarpb.Schema, newID func() uint64, out *Output) error {
 	for i := 1; i < len(p.lanes); i++ {
-		l := &p.lanes[i]
+		l := p.lanes[i]
+		if l.producerID != 0 {
+			continue // a shared lane another producer already opened
+		}
 		l.producerID, l.requestID = newID(), newID()
 		cmd := &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER.Enum(), Producer: &pulsarpb.CommandProducer{
 			Topic: proto.String(topic), ProducerId: proto.Uint64(l.producerID), RequestId: proto.Uint64(l.requestID),
@@ -48,8 +51,11 @@ func (p *Producer) OwnsRequest(requestID uint64) bool {
 // now ready.
 func (p *Producer) LaneOpened(requestID uint64, lastSequenceID int64) bool {
 	for i := 1; i < len(p.lanes); i++ {
-		if l := &p.lanes[i]; l.requestID == requestID && !l.ready {
+		if l := p.lanes[i]; l.requestID == requestID && !l.ready {
 			l.ready, l.lastPushed = true, lastSequenceID
+			if l.shared {
+				l.seqNext = uint64(max(lastSequenceID+1, 0))
+			}
 		}
 	}
 	return p.Ready()
@@ -70,7 +76,9 @@ func (p *Producer) Ready() bool {
 func (p *Producer) LastSequenceID() int64 {
 	last := p.lanes[0].lastPushed
 	for i := 1; i < len(p.lanes); i++ {
-		last = max(last, p.lanes[i].lastPushed)
+		if !p.lanes[i].shared { // a shared lane's ids are the proxy's, not the client's
+			last = max(last, p.lanes[i].lastPushed)
+		}
 	}
 	return last
 }
@@ -97,7 +105,7 @@ func (p *Producer) CloseLanes(newID func() uint64, flush bool, out *Output) ([]u
 		}
 	}
 	var reqs []uint64
-	for _, id := range p.LaneProducers() {
+	for _, id := range p.ownLaneProducers() {
 		req := newID()
 		cmd := &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_PRODUCER.Enum(), CloseProducer: &pulsarpb.CommandCloseProducer{
 			ProducerId: proto.Uint64(id), RequestId: proto.Uint64(req)}}
@@ -109,3 +117,34 @@ func (p *Producer) CloseLanes(newID func() uint64, flush bool, out *Output) ([]u
 	}
 	return reqs, nil
 }
+
+// ownLaneProducers returns the ids of the bucket lanes, which die with the engine; a shared
+// lane outlives any one of its producers.
+func (p *Producer) ownLaneProducers() []uint64 {
+	var ids []uint64
+	for i := 1; i < len(p.lanes); i++ {
+		if l := p.lanes[i]; l.producerID != 0 && !l.shared {
+			ids = append(ids, l.producerID)
+		}
+	}
+	return ids
+}
+
+// SharedLane is the broker producer several client producers of one topic write through
+// under coalesce with merge_producers. It belongs to the connection's event loop.
+type SharedLane struct{ l *lane }
+
+// NewSharedLane returns a shared lane whose broker producer will be called name.
+func NewSharedLane(name string) *SharedLane {
+	return &SharedLane{l: &lane{name: name, shared: true, lastPushed: -1}}
+}
+
+// ProducerID is the shared lane's broker producer id (0 until an engine opened it).
+func (s *SharedLane) ProducerID() uint64 { return s.l.producerID }
+
+// Abandon makes an engine release nothing more: the broker closed its producer and the client
+// will re-create it under the same id and resend.
+func (p *Producer) Abandon() { p.dead = true }
+
+// Abandoned reports whether Abandon was called.
+func (p *Producer) Abandoned() bool { return p.dead }

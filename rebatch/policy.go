@@ -57,6 +57,14 @@ type Policy struct {
 	// Compression of the entries the engine builds; nil keeps the codec of the first client
 	// send in the entry.
 	Compression *pulsarpb.CompressionType
+	// MergeProducers (coalesce only) merges the messages of every client producer of a topic on
+	// one client connection into shared entries, written by a proxy-owned broker producer.
+	// Synchronous producers (one message, then wait for the receipt) gain only from this. The
+	// price: the shared producer's sequence ids are the proxy's, so after a proxy crash broker
+	// de-duplication cannot recognise a client's resend (at-least-once, not exactly-once), and
+	// consumers see the shared producer's name on those messages.
+	MergeProducers bool
+
 	// Buckets is the number of equal-width buckets over the 16-bit hashB ring (buckets
 	// policy); BucketStarts gives explicit boundaries instead (first 0, strictly increasing).
 	Buckets      int
@@ -121,6 +129,9 @@ func (p *Policy) Validate() error {
 		}
 	} else if p.Buckets != 0 || len(p.BucketStarts) > 0 {
 		return fmt.Errorf("%w: buckets: only the buckets policy takes buckets", ErrInvalidPolicy)
+	}
+	if p.MergeProducers && p.Kind != Coalesce {
+		return fmt.Errorf("%w: merge_producers: only the coalesce policy merges producers", ErrInvalidPolicy)
 	}
 	if p.Compression != nil {
 		if _, ok := pulsarpb.CompressionType_name[int32(*p.Compression)]; !ok {

@@ -62,6 +62,9 @@ type Config struct {
 	// Adopt is the number of sends the client had in flight before the engine existed; their
 	// receipts are relayed first, whatever their sequence ids.
 	Adopt int
+	// Shared is the lane of coalesce with merge_producers: every client producer of one topic
+	// on the connection writes through it.
+	Shared *SharedLane
 }
 
 // Output collects what one engine call produced: frames for the broker and frames for the
@@ -90,7 +93,7 @@ type Stats struct {
 // clientSend is one CommandSend of the client awaiting its receipt.
 type clientSend struct {
 	sentAt     time.Time
-	adopted    bool // sent before the engine existed: seq and highest come from its receipt
+	adopted    bool   // sent before the engine existed: seq and highest come from its receipt
 	seq        uint64 // CommandSend.sequence_id, echoed verbatim
 	highest    uint64 // CommandSend.highest_sequence_id, echoed when the client set it
 	unflushed  int    // messages of this send still in open batches
@@ -107,9 +110,9 @@ type clientSend struct {
 // that have messages in it.
 type inflight struct {
 	lo, hi  uint64
-	adopted bool // matches any receipt: a send from before the engine existed
-	ids     []uint64
-	tag    uint64 // non-zero for a tagged verbatim send (a tracked chunk), see SendTagged
+	adopted bool      // matches any receipt: a send from before the engine existed
+	refs    []sendRef // the client sends with messages in the entry
+	tag     uint64    // non-zero for a tagged verbatim send (a tracked chunk), see SendTagged
 }
 
 // msgRef is one message of the send being taken apart; slices alias the client's frame or the
@@ -120,10 +123,16 @@ type msgRef struct {
 	seq     uint64
 }
 
+// sendRef names one client send of one engine (a shared lane carries several engines' sends).
+type sendRef struct {
+	p  *Producer
+	id uint64
+}
+
 // sendCount is how many messages of one client send an open batch holds.
 type sendCount struct {
-	id uint64
-	n  int
+	sendRef
+	n int
 }
 
 // openBatch is the batch being filled in one lane.
@@ -146,6 +155,7 @@ type openBatch struct {
 	hashLo, hashHi    uint16 // buckets: hashB range of the keyed messages
 	hasHash           bool
 	started           time.Time
+	first             *Producer // the engine whose send opened the batch (its entry fields apply)
 }
 
 // lane is one broker producer and its open batch. Lane 0 is the client's own producer; the
@@ -158,8 +168,12 @@ type lane struct {
 	// lastPushed is the highest sequence id sent under this producer, as the broker's
 	// de-duplication records it (max of sequence_id and highest_sequence_id).
 	lastPushed int64
-	requestID  uint64 // outstanding PRODUCER request (bucket lanes)
+	requestID  uint64 // outstanding PRODUCER request (bucket and shared lanes)
 	ready      bool
+	// shared: a lane several client producers write through (coalesce with merge_producers):
+	// a proxy-owned producer whose entries carry the proxy's own sequence ids.
+	shared  bool
+	seqNext uint64
 }
 
 // Producer is the engine for one client producer under a rewriting policy (coalesce,
@@ -172,8 +186,11 @@ type Producer struct {
 	cfg      Config
 	restrict restriction
 	budget   int // maximum uncompressed payload bytes per entry
-	lanes    []lane
+	lanes    []*lane
 	ring     *route.Buckets
+	// dead engines (their producer was closed by the broker) release nothing: the client
+	// re-creates the producer under the same id and resends.
+	dead bool
 
 	// sends[i] is client send number sendBase+i.
 	sends    []clientSend
@@ -210,14 +227,18 @@ func NewProducer(cfg Config) (*Producer, error) {
 		cfg.MaxPendingSends = 10000
 	}
 	p := &Producer{cfg: cfg}
-	p.lanes = []lane{{producerID: cfg.ProducerID, name: cfg.ProducerName, lastPushed: cfg.LastSequenceID, ready: true}}
+	p.lanes = []*lane{{producerID: cfg.ProducerID, name: cfg.ProducerName, lastPushed: cfg.LastSequenceID, ready: true}}
 	switch cfg.Policy.Kind {
 	case Properties:
 		p.restrict = compileRestriction(cfg.Policy.Restricted)
+	case Coalesce:
+		if cfg.Shared != nil {
+			p.lanes = append(p.lanes, cfg.Shared.l)
+		}
 	case Buckets:
 		p.ring = cfg.Policy.Ring()
 		for i := 0; i < p.ring.Len(); i++ {
-			p.lanes = append(p.lanes, lane{name: LaneName(cfg.ProducerName, i), lastPushed: -1})
+			p.lanes = append(p.lanes, &lane{name: LaneName(cfg.ProducerName, i), lastPushed: -1})
 		}
 	}
 	// Outer metadata of a built entry stays well under 8 KiB; the broker refuses an entry whose
@@ -228,7 +249,7 @@ func NewProducer(cfg Config) (*Producer, error) {
 	}
 	for i := 0; i < cfg.Adopt; i++ {
 		p.sends = append(p.sends, clientSend{adopted: true, parts: 1})
-		p.lanes[0].entries = append(p.lanes[0].entries, inflight{adopted: true, ids: []uint64{uint64(i)}})
+		p.lanes[0].entries = append(p.lanes[0].entries, inflight{adopted: true, refs: []sendRef{{p, uint64(i)}}})
 	}
 	return p, nil
 }
@@ -264,7 +285,7 @@ func (p *Producer) Deadline() (time.Time, bool) {
 // Tick flushes every open batch whose delay has expired.
 func (p *Producer) Tick(now time.Time, out *Output) error {
 	for i := range p.lanes {
-		l := &p.lanes[i]
+		l := p.lanes[i]
 		if l.open.n > 0 && !now.Before(l.open.started.Add(p.cfg.Policy.MaxDelay)) {
 			p.stats.FlushDelay++
 			if err := p.flush(l, out); err != nil {
@@ -280,7 +301,7 @@ func (p *Producer) Flush(out *Output) error {
 	for i := range p.lanes {
 		if p.lanes[i].open.n > 0 {
 			p.stats.FlushExplicit++
-			if err := p.flush(&p.lanes[i], out); err != nil {
+			if err := p.flush(p.lanes[i], out); err != nil {
 				return err
 			}
 		}
@@ -292,7 +313,7 @@ func (p *Producer) flushAll(out *Output) error {
 	for i := range p.lanes {
 		if p.lanes[i].open.n > 0 {
 			p.stats.FlushGroup++
-			if err := p.flush(&p.lanes[i], out); err != nil {
+			if err := p.flush(p.lanes[i], out); err != nil {
 				return err
 			}
 		}
@@ -345,20 +366,23 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID})
 
 	for _, m := range msgs {
-		l := &p.lanes[0]
+		l := p.lanes[0]
+		if len(p.lanes) > 1 && p.lanes[1].shared {
+			l = p.lanes[1]
+		}
 		var hash uint16
 		hasHash := false
 		if p.ring != nil {
 			if key, ok := messageKey(m.smm); ok {
 				hash, hasHash = route.HashB(key), true
 			}
-			l = &p.lanes[1+p.ring.Bucket(hash)]
+			l = p.lanes[1+p.ring.Bucket(hash)]
 		}
 		// A message at or below the lane's de-duplication mark is a resend of something the
 		// broker may already hold (a send this proxy had split, part of which was stored when a
 		// connection or the proxy died). It goes in an entry of duplicates only, so the broker
 		// drops it without taking new messages with it.
-		dup := int64(m.seq) <= l.lastPushed
+		dup := !l.shared && int64(m.seq) <= l.lastPushed
 		group := p.groupOf(m.smm)
 		if o := &l.open; o.n > 0 {
 			switch {
@@ -384,7 +408,7 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 	}
 	// Duplicates never wait for company.
 	for i := range p.lanes {
-		if l := &p.lanes[i]; l.open.n > 0 && l.open.dup {
+		if l := p.lanes[i]; l.open.n > 0 && l.open.dup {
 			p.stats.FlushGroup++
 			if err := p.flush(l, out); err != nil {
 				return err
@@ -544,6 +568,7 @@ func (p *Producer) add(now time.Time, l *lane, id uint64, m msgRef, group []byte
 	o := &l.open
 	if o.n == 0 {
 		o.lo, o.started, o.dup = m.seq, now, dup
+		o.first = p
 		o.sends = o.sends[:0]
 		o.group = append(o.group[:0], group...)
 		o.hasSchema = p.md.SchemaVersion != nil
@@ -580,10 +605,15 @@ func (p *Producer) add(now time.Time, l *lane, id uint64, m msgRef, group []byte
 	o.buf = append(o.buf, m.payload...)
 	o.n++
 	o.hi = m.seq
-	if k := len(o.sends); k > 0 && o.sends[k-1].id == id {
+	if l.shared {
+		// A shared lane is the proxy's own sequence space: one id per message, in lane order.
+		o.lo, o.hi = l.seqNext-uint64(o.n-1), l.seqNext
+		l.seqNext++
+	}
+	if k := len(o.sends); k > 0 && o.sends[k-1].id == id && o.sends[k-1].p == p {
 		o.sends[k-1].n++
 	} else {
-		o.sends = append(o.sends, sendCount{id: id, n: 1})
+		o.sends = append(o.sends, sendCount{sendRef: sendRef{p, id}, n: 1})
 	}
 	p.sends[id-p.sendBase].unflushed++
 }
@@ -658,14 +688,14 @@ func (p *Producer) flush(l *lane, out *Output) error {
 	if err != nil {
 		return err
 	}
-	ids := make([]uint64, len(o.sends))
+	refs := make([]sendRef, len(o.sends))
 	for i, sc := range o.sends {
-		ids[i] = sc.id
-		cs := &p.sends[sc.id-p.sendBase]
+		refs[i] = sc.sendRef
+		cs := &sc.p.sends[sc.id-sc.p.sendBase]
 		cs.parts++
 		cs.unflushed -= sc.n
 	}
-	l.entries = append(l.entries, inflight{lo: o.lo, hi: o.hi, ids: ids})
+	l.entries = append(l.entries, inflight{lo: o.lo, hi: o.hi, refs: refs})
 	l.lastPushed = max(l.lastPushed, int64(o.hi))
 	p.stats.EntriesBuilt++
 	if p.cfg.OnEntry != nil {
@@ -691,11 +721,11 @@ func (p *Producer) verbatim(now time.Time, f wire.Frame, s *wire.Send, out *Outp
 	if err := p.flushAll(out); err != nil {
 		return err
 	}
-	l := &p.lanes[0]
+	l := p.lanes[0]
 	id := p.sendBase + uint64(len(p.sends))
 	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID, parts: 1})
 	hi := max(s.SequenceID, s.HighestSequenceID)
-	l.entries = append(l.entries, inflight{lo: s.SequenceID, hi: hi, ids: []uint64{id}})
+	l.entries = append(l.entries, inflight{lo: s.SequenceID, hi: hi, refs: []sendRef{{p, id}}})
 	l.lastPushed = max(l.lastPushed, int64(hi))
 	out.Broker = append(out.Broker, f.Bytes()...)
 	p.stats.EntriesVerbatim++
@@ -706,9 +736,9 @@ func (p *Producer) verbatim(now time.Time, f wire.Frame, s *wire.Send, out *Outp
 }
 
 func (p *Producer) laneOf(producerID uint64) *lane {
-	for i := range p.lanes {
-		if p.lanes[i].producerID == producerID && p.lanes[i].ready {
-			return &p.lanes[i]
+	for _, l := range p.lanes {
+		if l.producerID == producerID && l.ready {
+			return l
 		}
 	}
 	return nil
@@ -727,14 +757,14 @@ func (p *Producer) Receipt(r wire.SendReceipt, out *Output) error {
 	e := l.entries[0]
 	l.entries = l.entries[1:]
 	if e.adopted {
-		cs := &p.sends[e.ids[0]-p.sendBase]
+		cs := &p.sends[e.refs[0].id-p.sendBase]
 		cs.seq, cs.highest = r.SequenceID, r.HighestSequenceID
 	}
 	if e.tag != 0 && p.cfg.OnTagged != nil {
 		p.cfg.OnTagged(e.tag, r.LedgerID, r.EntryID, false)
 	}
-	for _, id := range e.ids {
-		cs := &p.sends[id-p.sendBase]
+	for _, ref := range e.refs {
+		cs := &ref.p.sends[ref.id-ref.p.sendBase]
 		cs.parts--
 		if !cs.hasID {
 			// Entries of one producer are acknowledged in order, and a send's first message is
@@ -743,8 +773,19 @@ func (p *Producer) Receipt(r wire.SendReceipt, out *Output) error {
 			cs.hasID, cs.ledger, cs.entry = true, r.LedgerID, r.EntryID
 		}
 	}
-	p.release(out)
+	releaseAll(e.refs, out)
 	return nil
+}
+
+// releaseAll releases the due receipts of every engine an entry concerned.
+func releaseAll(refs []sendRef, out *Output) {
+	var last *Producer
+	for _, ref := range refs {
+		if ref.p != last {
+			ref.p.release(out)
+			last = ref.p
+		}
+	}
 }
 
 // SendError takes the broker's CommandSendError for the oldest entry in flight on one of the
@@ -758,19 +799,19 @@ func (p *Producer) SendError(producerID, seq uint64, code pulsarpb.ServerError, 
 	e := l.entries[0]
 	l.entries = l.entries[1:]
 	if e.adopted {
-		p.sends[e.ids[0]-p.sendBase].seq = seq
+		p.sends[e.refs[0].id-p.sendBase].seq = seq
 	}
 	if e.tag != 0 && p.cfg.OnTagged != nil {
 		p.cfg.OnTagged(e.tag, 0, 0, true)
 	}
-	for _, id := range e.ids {
-		cs := &p.sends[id-p.sendBase]
+	for _, ref := range e.refs {
+		cs := &ref.p.sends[ref.id-ref.p.sendBase]
 		cs.parts--
 		if !cs.failed {
 			cs.failed, cs.errCode, cs.errMessage = true, code, message
 		}
 	}
-	p.release(out)
+	releaseAll(e.refs, out)
 	return nil
 }
 
@@ -780,6 +821,11 @@ func (p *Producer) release(out *Output) {
 		cs := &p.sends[0]
 		if cs.parts > 0 || cs.unflushed > 0 {
 			return
+		}
+		if p.dead {
+			p.sends = p.sends[1:]
+			p.sendBase++
+			continue
 		}
 		if cs.failed {
 			out.Client = wire.AppendSendErrorFrame(out.Client, p.cfg.ProducerID, cs.seq, cs.errCode, cs.errMessage)

@@ -17,15 +17,16 @@ import (
 
 // policyKeys are the keys of one entry of the policies list, with their help.
 var policyKeys = map[string]string{
-	"topics":        "topic pattern [domain://]tenant/namespace/topic, '*' globs within a segment (required)",
-	"policy":        "passthrough, coalesce, properties or buckets (required)",
-	"max_messages":  "messages per entry (default 1000)",
-	"max_bytes":     "uncompressed bytes per entry, KiB/MiB suffixes (default 128KiB; capped by the broker's max_message_size)",
-	"max_delay":     "longest a message waits in an open batch, Go duration (default 2ms)",
-	"compression":   "none, lz4, zlib, zstd or snappy for built entries (default: the first client send's codec)",
-	"restricted":    "properties policy: map of property key to allowed values ([] admits any value)",
-	"buckets":       "buckets policy: number of equal-width buckets over the 16-bit hashB ring (one broker producer each)",
-	"bucket_starts": "buckets policy: explicit bucket start hashes instead, first 0, strictly increasing",
+	"topics":          "topic pattern [domain://]tenant/namespace/topic, '*' globs within a segment (required)",
+	"policy":          "passthrough, coalesce, properties or buckets (required)",
+	"max_messages":    "messages per entry (default 1000)",
+	"max_bytes":       "uncompressed bytes per entry, KiB/MiB suffixes (default 128KiB; capped by the broker's max_message_size)",
+	"max_delay":       "longest a message waits in an open batch, Go duration (default 2ms)",
+	"compression":     "none, lz4, zlib, zstd or snappy for built entries (default: the first client send's codec)",
+	"restricted":      "properties policy: map of property key to allowed values ([] admits any value)",
+	"merge_producers": "coalesce policy: merge all producers of a topic on a client connection into shared entries (at-least-once after a proxy crash; see README)",
+	"buckets":         "buckets policy: number of equal-width buckets over the 16-bit hashB ring (one broker producer each)",
+	"bucket_starts":   "buckets policy: explicit bucket start hashes instead, first 0, strictly increasing",
 }
 
 // policiesHelp documents the policies section for --help.
@@ -82,7 +83,7 @@ func parseRule(n *yaml.Node) (route.Rule[rebatch.Policy], error) {
 		k, v := n.Content[i], n.Content[i+1]
 		key := k.Value
 		if _, ok := policyKeys[key]; !ok {
-			return r, fmt.Errorf("line %d: unknown key %q (known: topics, policy, max_messages, max_bytes, max_delay, compression, restricted, buckets, bucket_starts)", k.Line, key)
+			return r, fmt.Errorf("line %d: unknown key %q (known: topics, policy, max_messages, max_bytes, max_delay, compression, restricted, merge_producers, buckets, bucket_starts)", k.Line, key)
 		}
 		if seen[key] {
 			return r, fmt.Errorf("line %d: key %q given twice", k.Line, key)
@@ -151,6 +152,16 @@ func parseRule(n *yaml.Node) (route.Rule[rebatch.Policy], error) {
 			}
 			ct := pulsarpb.CompressionType(c)
 			r.Policy.Compression = &ct
+		case "merge_producers":
+			s, err := scalar()
+			if err != nil {
+				return r, err
+			}
+			b, err := strconv.ParseBool(s)
+			if err != nil {
+				return r, bad("%q is not true or false", s)
+			}
+			r.Policy.MergeProducers = b
 		case "buckets":
 			s, err := scalar()
 			if err != nil {
