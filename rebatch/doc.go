@@ -16,6 +16,16 @@
 //     empty list admits any value); a message's group is the set of its restricted keys whose
 //     value is admitted, and that set is stamped into the entry's outer properties. PIP-191's
 //     worked example (msg1..msg8 -> batch1..batch5) is the golden test.
+//   - buckets (PIP-486): N buckets over the 16-bit hashB ring (hashB = low 16 bits of
+//     murmur3_x86_32, seed 0, of the ordering key, else the partition key). One open batch per
+//     bucket, each written by its own broker producer (a lane, see lanes.go). Every entry
+//     carries entry_hash_min/max (33/34) = the hashB range of its messages and an outer
+//     ordering key from one of them, so a Key_Shared STICKY consumer whose range is aligned to
+//     bucket boundaries gets exactly the keys it owns. Per-key order holds; per-producer order
+//     does not (DESIGN.md).
+//   - coalesce with merge_producers: every client producer of a topic on one connection writes
+//     through one shared lane, a proxy-owned broker producer, so synchronous senders are merged
+//     too. See the sequence spaces below for its price.
 //
 // Every entry the engine builds is in batch format (num_messages_in_batch set, even for one
 // message) so stamped outer fields never become a message's own fields. A message sent without
@@ -55,10 +65,26 @@
 //     only partly stored when a connection or the proxy died, end up stored exactly once.
 //
 // Because the broker producer is the client's, no translation of last_sequence_id is needed.
-// The price is that entries never mix producers: a producer that sends synchronously (one
-// message, then wait for its receipt) gains nothing. Merging several producers into one
-// broker producer needs a proxy-owned sequence space and a durable map from client sequence
-// ids to it; that is not built yet.
+//
+// Buckets: one broker producer per bucket, named LaneName(client producer name, bucket), so a
+// client that reconnects (to this proxy or a restarted one) finds the same producers and their
+// de-duplication state. A bucket's messages are a subsequence of the client's, so their
+// client sequence ids rise strictly within the lane and each lane's entries carry valid
+// ranges; after any reconnect a message is a duplicate exactly when its id is at or below its
+// lane's last_sequence_id, and such messages go in entries of duplicates only. The client is
+// given the highest last_sequence_id of its producers, so ids it allocates next are new in
+// every lane.
+//
+// merge_producers: the shared lane's entries carry the proxy's own sequence ids (one per
+// message), so broker de-duplication cannot relate them to a client's resend. Within one
+// proxy process every send is still answered exactly once, but if the proxy dies, messages
+// it had stored and not yet acknowledged are stored again when clients resend: at-least-once,
+// documented as the price of merging synchronous producers. Consumers also see the shared
+// producer's name on those messages.
+//
+// Chunks are never merged; duplicate chunks (package chunkdedup) are answered by the proxy:
+// Hold, Resolve, Fail and Promote (held.go) keep such sends in the client's queue so their
+// receipts still leave in order.
 //
 // Bounded memory (contract 7): the open batch is bounded by max bytes, and pending client sends
 // by Config.MaxPendingSends (ErrTooManyPending); the connection layer stops reading the client

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"strings"
 	"testing"
 
@@ -50,6 +51,35 @@ policies:
 		_, err := loadPolicies([]byte(tc.yaml))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("config %q: error %v, want it to mention %q", tc.yaml, err, tc.want)
+		}
+	}
+}
+
+// The policies example in the README must stay a valid configuration.
+func TestReadmePolicyExampleLoads(t *testing.T) {
+	data, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(data), "## Policies")
+	if !ok {
+		t.Fatal("README has no Policies section")
+	}
+	_, block, ok := strings.Cut(rest, "```yaml\n")
+	if !ok {
+		t.Fatal("README's Policies section has no yaml block")
+	}
+	block, _, _ = strings.Cut(block, "```")
+	m, err := loadPolicies([]byte(block))
+	if err != nil {
+		t.Fatalf("README example: %v", err)
+	}
+	for topic, want := range map[string]rebatch.Kind{
+		"public/default/orders-1": rebatch.Coalesce, "public/metrics/x": rebatch.Coalesce,
+		"public/filtered/x": rebatch.Properties, "public/keyed/x": rebatch.Buckets,
+	} {
+		if p, _, ok := m.Match(topic); !ok || p.Kind != want {
+			t.Errorf("%s: %v %v, want %s", topic, p.Kind, ok, want)
 		}
 	}
 }
