@@ -97,7 +97,7 @@ func (p *Producer) Promote(id uint64, f wire.Frame, tag uint64, out *Output) err
 	}
 	l := p.lanes[0]
 	hi := max(s.SequenceID, s.HighestSequenceID)
-	l.entries = append(l.entries, inflight{lo: s.SequenceID, hi: hi, refs: []sendRef{{p, id}}, tag: tag})
+	l.entries = append(l.entries, inflight{lo: s.SequenceID, hi: hi, refs: []sendRef{{p, id, true}}, tag: tag})
 	l.lastPushed = max(l.lastPushed, int64(hi))
 	out.Broker = append(out.Broker, f.Bytes()...)
 	p.stats.EntriesVerbatim++

@@ -93,6 +93,7 @@ type Stats struct {
 // clientSend is one CommandSend of the client awaiting its receipt.
 type clientSend struct {
 	sentAt     time.Time
+	placed     bool // its first message is in an open batch or an entry
 	adopted    bool   // sent before the engine existed: seq and highest come from its receipt
 	seq        uint64 // CommandSend.sequence_id, echoed verbatim
 	highest    uint64 // CommandSend.highest_sequence_id, echoed when the client set it
@@ -125,8 +126,9 @@ type msgRef struct {
 
 // sendRef names one client send of one engine (a shared lane carries several engines' sends).
 type sendRef struct {
-	p  *Producer
-	id uint64
+	p     *Producer
+	id    uint64
+	first bool // the entry holds the send's first message: its position is the receipt's
 }
 
 // sendCount is how many messages of one client send an open batch holds.
@@ -249,7 +251,7 @@ func NewProducer(cfg Config) (*Producer, error) {
 	}
 	for i := 0; i < cfg.Adopt; i++ {
 		p.sends = append(p.sends, clientSend{adopted: true, parts: 1})
-		p.lanes[0].entries = append(p.lanes[0].entries, inflight{adopted: true, refs: []sendRef{{p, uint64(i)}}})
+		p.lanes[0].entries = append(p.lanes[0].entries, inflight{adopted: true, refs: []sendRef{{p, uint64(i), true}}})
 	}
 	return p, nil
 }
@@ -610,12 +612,14 @@ func (p *Producer) add(now time.Time, l *lane, id uint64, m msgRef, group []byte
 		o.lo, o.hi = l.seqNext-uint64(o.n-1), l.seqNext
 		l.seqNext++
 	}
+	cs := &p.sends[id-p.sendBase]
 	if k := len(o.sends); k > 0 && o.sends[k-1].id == id && o.sends[k-1].p == p {
 		o.sends[k-1].n++
 	} else {
-		o.sends = append(o.sends, sendCount{sendRef: sendRef{p, id}, n: 1})
+		o.sends = append(o.sends, sendCount{sendRef: sendRef{p, id, !cs.placed}, n: 1})
 	}
-	p.sends[id-p.sendBase].unflushed++
+	cs.placed = true
+	cs.unflushed++
 }
 
 // flush builds a lane's open batch into one entry in batch format and queues it for the
@@ -725,7 +729,7 @@ func (p *Producer) verbatim(now time.Time, f wire.Frame, s *wire.Send, out *Outp
 	id := p.sendBase + uint64(len(p.sends))
 	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID, parts: 1})
 	hi := max(s.SequenceID, s.HighestSequenceID)
-	l.entries = append(l.entries, inflight{lo: s.SequenceID, hi: hi, refs: []sendRef{{p, id}}})
+	l.entries = append(l.entries, inflight{lo: s.SequenceID, hi: hi, refs: []sendRef{{p, id, true}}})
 	l.lastPushed = max(l.lastPushed, int64(hi))
 	out.Broker = append(out.Broker, f.Bytes()...)
 	p.stats.EntriesVerbatim++
@@ -766,10 +770,8 @@ func (p *Producer) Receipt(r wire.SendReceipt, out *Output) error {
 	for _, ref := range e.refs {
 		cs := &ref.p.sends[ref.id-ref.p.sendBase]
 		cs.parts--
-		if !cs.hasID {
-			// Entries of one producer are acknowledged in order, and a send's first message is
-			// in the first of its entries to be sent; across bucket lanes the first to come
-			// back is taken (contract 2 holds for the order-preserving policies).
+		if ref.first {
+			// Contract 2: the receipt names the entry holding the send's first message.
 			cs.hasID, cs.ledger, cs.entry = true, r.LedgerID, r.EntryID
 		}
 	}
