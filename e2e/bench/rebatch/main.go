@@ -1,0 +1,375 @@
+// Command rebatch measures, in one run, unbatched small-message producers (pulsar-client-go,
+// batching off) sending directly to a broker and through the proxy under each policy
+// (passthrough, coalesce, properties), and prints messages/s, stored entries/s and their ratios
+// to direct side by side. It then measures the rebatch engine alone, in process, on one
+// goroutine.
+//
+//	go run ./e2e/bench/rebatch -broker pulsar://127.0.0.1:16650 -admin http://127.0.0.1:18080
+//
+// It is a measurement, not a test: it never fails on numbers. It fails only when something
+// does not work (a send error, an engine error, a receipt count that does not add up).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/apache/pulsar-client-go/pulsar"
+	plog "github.com/apache/pulsar-client-go/pulsar/log"
+	"github.com/sirupsen/logrus"
+
+	"github.com/rebatchproxy/rebatchproxy/chunkdedup"
+	"github.com/rebatchproxy/rebatchproxy/proxy"
+	"github.com/rebatchproxy/rebatchproxy/rebatch"
+	"github.com/rebatchproxy/rebatchproxy/route"
+	"github.com/rebatchproxy/rebatchproxy/wire"
+	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
+)
+
+// workload is one shape of producer traffic: unbatched messages of size bytes.
+type workload struct {
+	name      string
+	producers int
+	sync      bool // one send at a time per producer (wait for each receipt)
+}
+
+// target is where a workload's producers connect.
+type target struct {
+	name string
+	url  string
+	ns   string
+}
+
+type result struct {
+	msgs, entries float64 // per second
+	sent          int64
+}
+
+var (
+	brokerURL = flag.String("broker", "pulsar://127.0.0.1:16650", "broker service URL")
+	adminURL  = flag.String("admin", "http://127.0.0.1:18080", "broker admin URL (entry counts)")
+	duration  = flag.Duration("duration", 3*time.Second, "sending time per workload and target")
+	size      = flag.Int("size", 100, "payload bytes")
+	maxDelay  = flag.Duration("max-delay", 2*time.Millisecond, "max_delay of the coalesce and properties policies")
+	maxMsgs   = flag.Int("max-messages", 0, "max_messages of the coalesce and properties policies (0: the policy default)")
+	engineDur = flag.Duration("engine-duration", 2*time.Second, "time per policy for the in-process engine rate")
+)
+
+func main() {
+	flag.Parse()
+	stamp := time.Now().UnixNano()
+	nsOf := func(pol string) string { return fmt.Sprintf("public/rbbench-%s-%d", pol, stamp) }
+	for _, pol := range []string{"direct", "passthrough", "coalesce", "properties"} {
+		if err := admin(http.MethodPut, "/admin/v2/namespaces/"+nsOf(pol), nil); err != nil {
+			fail(fmt.Errorf("create namespace %s: %w", nsOf(pol), err))
+		}
+	}
+	proxyURL, stop := startProxy(nsOf)
+	defer stop()
+
+	targets := []target{
+		{"direct", *brokerURL, nsOf("direct")},
+		{"passthrough", proxyURL, nsOf("passthrough")},
+		{"coalesce", proxyURL, nsOf("coalesce")},
+		{"properties", proxyURL, nsOf("properties")},
+	}
+	wls := []workload{
+		{"async x4", 4, false},
+		{"async x1", 1, false},
+		{"sync x16", 16, true},
+		{"sync x1", 1, true},
+	}
+	fmt.Printf("broker %s; proxy in-process at %s; %d-byte unbatched messages; %v per cell; GOMAXPROCS %d (clients, proxy and broker share the machine)\n",
+		*brokerURL, proxyURL, *size, *duration, runtime.GOMAXPROCS(0))
+	fmt.Printf("policies: coalesce and properties with max_delay %v, max_messages %d (0 = default), defaults otherwise; properties restricts region: [us, eu], messages carry region in runs of 50\n\n", *maxDelay, *maxMsgs)
+	fmt.Printf("%-9s | %-21s", "workload", "direct msg/s entr/s")
+	for _, tg := range targets[1:] {
+		fmt.Printf(" | %-37s", tg.name+" msg/s (x) entr/s (x) msg/entry")
+	}
+	fmt.Println()
+	for _, w := range wls {
+		res := make([]result, len(targets))
+		for i, tg := range targets {
+			res[i] = run(tg, w)
+		}
+		d := res[0]
+		fmt.Printf("%-9s | %8.0f %8.0f   ", w.name, d.msgs, d.entries)
+		for _, r := range res[1:] {
+			fmt.Printf(" | %8.0f (%5.2fx) %7.0f (%5.2fx) %6.1f  ", r.msgs, r.msgs/d.msgs, r.entries, r.entries/d.entries, r.msgs/r.entries)
+		}
+		fmt.Println()
+	}
+
+	fmt.Printf("\nengine in process (one goroutine, unbatched %d-byte sends, split/merge/receipts):\n", *size)
+	for _, k := range []rebatch.Kind{rebatch.Coalesce, rebatch.Properties} {
+		rate, perEntry := engineRate(k)
+		fmt.Printf("  %-10s %10.0f messages/s  (%.0f messages/entry)\n", k, rate, perEntry)
+	}
+}
+
+func policyFor(k rebatch.Kind) rebatch.Policy {
+	p := rebatch.Policy{Kind: k, MaxDelay: *maxDelay, MaxMessages: *maxMsgs}
+	if k == rebatch.Properties {
+		p.Restricted = map[string][]string{"region": {"us", "eu"}}
+	}
+	return p
+}
+
+// startProxy starts the proxy in-process with one rule per policy namespace.
+func startProxy(nsOf func(string) string) (string, func()) {
+	addr, err := proxy.BrokerAddress(*brokerURL)
+	if err != nil {
+		fail(err)
+	}
+	rules := []route.Rule[rebatch.Policy]{
+		{Pattern: nsOf("passthrough") + "/*", Policy: rebatch.Policy{Kind: rebatch.Passthrough}},
+		{Pattern: nsOf("coalesce") + "/*", Policy: policyFor(rebatch.Coalesce)},
+		{Pattern: nsOf("properties") + "/*", Policy: policyFor(rebatch.Properties)},
+	}
+	m, err := route.NewMatcher(rules)
+	if err != nil {
+		fail(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg := proxy.DefaultConfig()
+	cfg.Listen, cfg.Brokers, cfg.Logger = "127.0.0.1:0", []string{addr}, log
+	cfg.ProducerPaths = proxy.RebatchPaths(proxy.NewPolicies(m), proxy.NewRebatchMetrics(), proxy.NewChunkDedup(chunkdedup.Config{}), log)
+	srv, err := proxy.New(cfg)
+	if err != nil {
+		fail(err)
+	}
+	go func() { _ = srv.Serve() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	la := srv.Addr(ctx)
+	if la == "" {
+		fail(fmt.Errorf("proxy did not start"))
+	}
+	return "pulsar://" + la, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}
+}
+
+func region(i int64) string {
+	if (i/50)%2 == 0 {
+		return "us"
+	}
+	return "eu"
+}
+
+// run sends w on a fresh topic of tg for the configured duration and measures acknowledged
+// messages and stored entries per second.
+func run(tg target, w workload) result {
+	l := logrus.New()
+	l.SetLevel(logrus.ErrorLevel)
+	c, err := pulsar.NewClient(pulsar.ClientOptions{URL: tg.url, Logger: plog.NewLoggerWithLogrus(l), OperationTimeout: 30 * time.Second})
+	if err != nil {
+		fail(err)
+	}
+	defer c.Close()
+	topic := fmt.Sprintf("persistent://%s/%s-%d", tg.ns, strings.ReplaceAll(w.name, " ", ""), time.Now().UnixNano())
+	payload := make([]byte, *size)
+	prods := make([]pulsar.Producer, w.producers)
+	for i := range prods {
+		p, err := c.CreateProducer(pulsar.ProducerOptions{Topic: topic, DisableBatching: true, MaxPendingMessages: 1000})
+		if err != nil {
+			fail(err)
+		}
+		defer p.Close()
+		// Warm-up: the connection and the producer are ready before the clock starts.
+		if _, err := p.Send(context.Background(), &pulsar.ProducerMessage{Payload: payload}); err != nil {
+			fail(err)
+		}
+		prods[i] = p
+	}
+	before := entries(topic)
+	var acked, failed atomic.Int64
+	var wg sync.WaitGroup
+	ctx := context.Background()
+	start := time.Now()
+	end := start.Add(*duration)
+	for _, p := range prods {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int64(0); time.Now().Before(end); i++ {
+				msg := &pulsar.ProducerMessage{Payload: payload, Properties: map[string]string{"region": region(i)}}
+				if w.sync {
+					if _, err := p.Send(ctx, msg); err != nil {
+						failed.Add(1)
+					} else {
+						acked.Add(1)
+					}
+					continue
+				}
+				p.SendAsync(ctx, msg, func(_ pulsar.MessageID, _ *pulsar.ProducerMessage, err error) {
+					if err != nil {
+						failed.Add(1)
+					} else {
+						acked.Add(1)
+					}
+				})
+			}
+			if err := p.FlushWithCtx(ctx); err != nil {
+				failed.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start).Seconds()
+	if failed.Load() > 0 {
+		fail(fmt.Errorf("%s %s: %d sends failed", tg.name, w.name, failed.Load()))
+	}
+	n := entries(topic) - before
+	return result{msgs: float64(acked.Load()) / el, entries: float64(n) / el, sent: acked.Load()}
+}
+
+// entries returns the number of entries the broker has written for topic.
+func entries(topic string) int64 {
+	path := "/admin/v2/persistent/" + strings.TrimPrefix(topic, "persistent://") + "/internalStats"
+	var st struct {
+		NumberOfEntries int64 `json:"numberOfEntries"`
+	}
+	if err := admin(http.MethodGet, path, &st); err != nil {
+		fail(fmt.Errorf("internalStats of %s: %w", topic, err))
+	}
+	return st.NumberOfEntries
+}
+
+func admin(method, path string, out any) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(*adminURL, "/")+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, body)
+	}
+	if out != nil {
+		return json.Unmarshal(body, out)
+	}
+	return nil
+}
+
+// engineRate runs the engine alone on unbatched single-message SEND frames as
+// pulsar-client-go makes them with batching off, acknowledges every entry it builds and
+// counts the client receipts it releases. It returns messages per second and messages per
+// entry.
+func engineRate(k rebatch.Kind) (float64, float64) {
+	const perRound = 10000
+	payload := make([]byte, *size)
+	frames := make([][]byte, perRound)
+	now := uint64(time.Now().UnixMilli())
+	for i := range frames {
+		seq := uint64(i)
+		md := &pulsarpb.MessageMetadata{ProducerName: ptr("bench"), SequenceId: &seq, PublishTime: &now,
+			Properties: []*pulsarpb.KeyValue{{Key: ptr("region"), Value: ptr(region(int64(i)))}}}
+		f, err := wire.AppendSendFrameMetadata(nil, &wire.Send{ProducerID: 1, SequenceID: seq}, md, payload)
+		if err != nil {
+			fail(err)
+		}
+		frames[i] = f
+	}
+	var out rebatch.Output
+	var spare []byte
+	var msgs, built int64
+	clock := time.Now()
+	start := time.Now()
+	for time.Since(start) < *engineDur {
+		p, err := rebatch.NewProducer(rebatch.Config{Policy: policyFor(k), ProducerID: 1, ProducerName: "bench", LastSequenceID: -1})
+		if err != nil {
+			fail(err)
+		}
+		receipts := 0
+		ledgerEntry := uint64(0)
+		ack := func() {
+			// Acknowledge every entry written so far, in order, as the broker would.
+			b := out.Broker
+			out.Broker = spare[:0]
+			for len(b) > 0 {
+				f, n, err := wire.ReadFrame(b, 5<<20)
+				if err != nil {
+					fail(err)
+				}
+				b = b[n:]
+				s, err := wire.ParseSend(f)
+				if err != nil {
+					fail(err)
+				}
+				built++
+				ledgerEntry++
+				if err := p.Receipt(wire.SendReceipt{ProducerID: 1, SequenceID: s.SequenceID, HighestSequenceID: s.HighestSequenceID,
+					HasMessageID: true, LedgerID: 1, EntryID: ledgerEntry}, &out); err != nil {
+					fail(err)
+				}
+			}
+			if len(out.Broker) > 0 {
+				fail(fmt.Errorf("engine %s: a receipt made the engine send to the broker", k))
+			}
+			spare = out.Broker
+			receipts += countFrames(out.Client)
+			out.Client = out.Client[:0]
+		}
+		for _, fb := range frames {
+			f, _, err := wire.ReadFrame(fb, 5<<20)
+			if err != nil {
+				fail(err)
+			}
+			if err := p.Send(clock, f, &out); err != nil {
+				fail(err)
+			}
+			if len(out.Broker) > 0 {
+				ack()
+			}
+		}
+		if err := p.Flush(&out); err != nil {
+			fail(err)
+		}
+		ack()
+		if receipts != perRound || p.Pending() != 0 {
+			fail(fmt.Errorf("engine %s: %d receipts for %d sends, %d pending", k, receipts, perRound, p.Pending()))
+		}
+		msgs += perRound
+	}
+	return float64(msgs) / time.Since(start).Seconds(), float64(msgs) / float64(built)
+}
+
+func countFrames(b []byte) int {
+	n := 0
+	for len(b) > 0 {
+		_, m, err := wire.ReadFrame(b, 5<<20)
+		if err != nil {
+			fail(err)
+		}
+		b = b[m:]
+		n++
+	}
+	return n
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "bench:", err)
+	os.Exit(1)
+}
