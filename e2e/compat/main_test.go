@@ -1,0 +1,118 @@
+package compat
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
+	"github.com/rebatchproxy/rebatchproxy/proxy"
+)
+
+var (
+	updateReadme = flag.Bool("update-readme", false, "after a full run, also copy MATRIX.md into README.md between the compat-matrix markers")
+	onlyDrivers  = flag.String("drivers", "", "comma-separated driver names (default: all); a partial run writes no MATRIX.md")
+	parallel     = flag.Int("compat.parallel", 3, "drivers run at the same time")
+)
+
+func TestMain(m *testing.M) { os.Exit(harness.Run(m, harness.Options{})) }
+
+// logBuffer collects a proxy's log lines for failure reports.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// startProxy runs the proxy in-process in front of b and returns its pulsar:// URL and a
+// function that stops it.
+func startProxy(b *harness.Broker) (string, *logBuffer, func(), error) {
+	addr, err := proxy.BrokerAddress(b.ServiceURL)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	logs := &logBuffer{}
+	cfg := proxy.DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Brokers = []string{addr}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	srv, err := proxy.New(cfg)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	la := srv.Addr(ctx)
+	if la == "" {
+		return "", nil, nil, fmt.Errorf("proxy did not start: %v", <-done)
+	}
+	stop := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-done
+	}
+	return "pulsar://" + la, logs, stop, nil
+}
+
+// packageDir is the directory of this package's sources.
+func packageDir() string { return filepath.Join(harness.RepoRoot(), "e2e", "compat") }
+
+const (
+	readmeBegin = "<!-- compat-matrix:begin (generated: go test ./e2e/compat -run TestMatrix -update-readme) -->"
+	readmeEnd   = "<!-- compat-matrix:end -->"
+)
+
+// splice returns readme with the text between the markers replaced by matrix.
+func splice(readme, matrix string) (string, bool) {
+	i := strings.Index(readme, readmeBegin)
+	j := strings.Index(readme, readmeEnd)
+	if i < 0 || j < i {
+		return readme, false
+	}
+	return readme[:i+len(readmeBegin)] + "\n" + matrix + readme[j:], true
+}
+
+// Given the README and the generated MATRIX.md,
+// when the README's compat-matrix section is compared with MATRIX.md,
+// then they are the same text (regenerate with -update-readme otherwise).
+func TestReadmeMatchesMatrix(t *testing.T) {
+	matrix, err := os.ReadFile(filepath.Join(packageDir(), "MATRIX.md"))
+	if err != nil {
+		t.Fatalf("no generated matrix: %v", err)
+	}
+	readme, err := os.ReadFile(filepath.Join(harness.RepoRoot(), "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	want, ok := splice(string(readme), string(matrix))
+
+	if !ok {
+		t.Fatalf("README.md has no %q ... %q markers", readmeBegin, readmeEnd)
+	}
+	if want != string(readme) {
+		t.Fatal("README.md's compatibility matrix differs from e2e/compat/MATRIX.md; run: go test ./e2e/compat -run TestMatrix -update-readme")
+	}
+}
