@@ -100,16 +100,17 @@ func RebatchPaths(policies *Policies, m *RebatchMetrics, chunks *ChunkDedup, log
 	return func(info ConnInfo) ProducerPath {
 		return &rebatchPath{
 			policies: policies, m: m, info: info, chunks: chunks,
-			known:       map[uint64]*prodInfo{},
-			requests:    map[uint64]uint64{},
-			inflightTok: map[chunkdedup.Token]uint64{},
-			waiting:     map[chunkdedup.Token]waitRef{},
-			log:         log.With("conn", info.ID, "client", info.ClientAddr, "broker", info.BrokerAddr),
-			pending:     map[uint64]pendingProducer{},
-			producers:   map[uint64]*engine{},
-			swallow:     map[uint64]struct{}{},
-			retired:     map[uint64]struct{}{},
-			shared:      map[string]*rebatch.SharedLane{},
+			known:         map[uint64]*prodInfo{},
+			requests:      map[uint64]uint64{},
+			inflightTok:   map[chunkdedup.Token]uint64{},
+			waiting:       map[chunkdedup.Token]waitRef{},
+			log:           log.With("conn", info.ID, "client", info.ClientAddr, "broker", info.BrokerAddr),
+			pending:       map[uint64]pendingProducer{},
+			producers:     map[uint64]*engine{},
+			swallow:       map[uint64]struct{}{},
+			retired:       map[uint64]struct{}{},
+			shared:        map[string]*rebatch.SharedLane{},
+			closedByProxy: map[uint64]struct{}{},
 		}
 	}
 }
@@ -124,13 +125,14 @@ type pendingProducer struct {
 
 // engine is one client producer under a rewriting policy.
 type engine struct {
-	p       *rebatch.Producer
-	id      uint64 // the client's producer id
-	topic   string
-	name    string
-	kind    string
-	closing bool // the client closed it; kept until its last receipt is out
-	last    rebatch.Stats
+	p           *rebatch.Producer
+	id          uint64 // the client's producer id
+	topic       string
+	name        string
+	kind        string
+	closing     bool // the client closed it; kept until its last receipt is out
+	lanesClosed bool // CLOSE_PRODUCER was sent for its own lanes
+	last        rebatch.Stats
 	// held is the client's PRODUCER_SUCCESS, withheld until the bucket producers exist.
 	held      *pulsarpb.CommandProducerSuccess
 	heldReqID uint64
@@ -171,6 +173,9 @@ type rebatchPath struct {
 	// retired holds bucket producer ids of dropped engines: late broker frames about them
 	// (receipts, CLOSE_PRODUCER) are not the client's and are dropped. Bounded.
 	retired map[uint64]struct{}
+	// closedByProxy holds client producer ids the path closed on the client's side (a lane
+	// was closed); the broker's own CLOSE_PRODUCER for them is not forwarded again.
+	closedByProxy map[uint64]struct{}
 
 	// shared holds the lanes of coalesce with merge_producers, one per topic.
 	shared map[string]*rebatch.SharedLane
@@ -232,6 +237,7 @@ func (r *rebatchPath) FromClient(f wire.Frame, out Outputs) (Verdict, error) {
 			// connection: the old engine's entries will never be acknowledged.
 			r.drop(c.GetProducerId(), e)
 		}
+		delete(r.closedByProxy, c.GetProducerId())
 		r.known[c.GetProducerId()] = &prodInfo{topic: c.GetTopic(), name: c.GetProducerName()}
 		r.requests[c.GetRequestId()] = c.GetProducerId()
 		pol := r.policies.Lookup(c.GetTopic())
@@ -272,12 +278,14 @@ func (r *rebatchPath) FromClient(f wire.Frame, out Outputs) (Verdict, error) {
 			return Forward, nil
 		}
 		id := r.cmd.GetCloseProducer().GetProducerId()
+		delete(r.known, id)
 		if e, ok := r.producers[id]; ok && e.id == id {
 			e.closing = true
 			reqs, err := e.p.CloseLanes(r.newID, true, &r.out)
 			for _, q := range reqs {
 				r.swallow[q] = struct{}{}
 			}
+			e.lanesClosed = true
 			if _, err := r.emit(id, e, out, err); err != nil {
 				return Forward, err
 			}
@@ -391,31 +399,45 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 			return Forward, nil
 		}
 		id := r.cmd.GetCloseProducer().GetProducerId()
+		if _, ok := r.closedByProxy[id]; ok {
+			return Consumed, nil // the client already had it closed
+		}
 		e, ok := r.producers[id]
 		if !ok {
 			return r.unknown(id), nil
 		}
 		if id != e.id {
-			// A bucket producer the client does not know about: the client must resend
-			// everything pending, and closing its connection makes it do so.
+			// A producer of the proxy's (a bucket or shared lane) was closed, by an unload
+			// most likely: close the client's producer the same way, so it re-creates it and
+			// resends what is pending. Its own CLOSE_PRODUCER from the broker, if one follows,
+			// is then not the client's to see twice.
+			r.log.Info("broker closed a proxy producer; closing the client's producer so it resends", "topic", e.topic,
+				"producer_id", e.id, "producer", e.name, "proxy_producer_id", id, "pending_sends", e.p.Pending())
+			b, err := wire.AppendCommandFrame(nil, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_PRODUCER.Enum(),
+				CloseProducer: &pulsarpb.CommandCloseProducer{ProducerId: proto.Uint64(e.id), RequestId: proto.Uint64(r.newID())}})
+			if err != nil {
+				return Consumed, err
+			}
+			r.closeOnBroker(e.id)
+			if len(r.closedByProxy) > maxRetired {
+				clear(r.closedByProxy)
+			}
+			r.closedByProxy[e.id] = struct{}{}
 			r.drop(e.id, e)
-			return Consumed, fmt.Errorf("producer %d (%q) on %s: %w", e.id, e.name, e.topic, rebatch.ErrLaneClosed)
+			r.writeOut(out)
+			out.ToClient(b)
+			return Consumed, nil
 		}
 		r.log.Info("broker closed a rebatched producer; the client will resend", "topic", e.topic, "producer_id", id,
 			"producer", e.name, "pending_sends", e.p.Pending())
-		// The bucket producers go too (the broker may have closed them already; its answers
-		// are swallowed either way), so the client's new producer can create them again.
-		reqs, err := e.p.CloseLanes(r.newID, false, &r.out)
-		for _, q := range reqs {
-			r.swallow[q] = struct{}{}
-		}
+		// drop closes the bucket producers too (the broker may have closed them already; its
+		// answers are swallowed either way), so the client's new producer can create them.
 		r.drop(id, e)
 		_, _ = r.emit(id, e, out, nil)
-		return Forward, err
+		return Forward, nil
 	case pulsarpb.BaseCommand_SUCCESS, pulsarpb.BaseCommand_ERROR:
-		if len(r.swallow) == 0 && r.opening == 0 {
-			return Forward, nil
-		}
+		// Rare frames: decode them, so answers to the path's own requests (ids from
+		// ownIDBase) never reach the client.
 		if err := wire.DecodeCommand(f, &r.cmd); err != nil {
 			return Forward, nil
 		}
@@ -426,12 +448,14 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 			req = r.cmd.GetError().GetRequestId()
 		}
 		if req < ownIDBase {
+			if f.Type() == pulsarpb.BaseCommand_ERROR {
+				// A refused PRODUCER: forget the request.
+				delete(r.requests, req)
+				delete(r.pending, req)
+			}
 			return Forward, nil
 		}
-		if _, ok := r.swallow[req]; ok {
-			delete(r.swallow, req)
-			return Consumed, nil
-		}
+		delete(r.swallow, req)
 		if f.Type() == pulsarpb.BaseCommand_ERROR {
 			return Consumed, r.laneFailed(req, r.cmd.GetError(), out)
 		}
@@ -492,36 +516,38 @@ func (r *rebatchPath) laneOpened(ps *pulsarpb.CommandProducerSuccess, out Output
 // laneFailed handles the broker refusing a bucket producer: the client's PRODUCER request
 // fails with the broker's own error, and what was created is closed.
 func (r *rebatchPath) laneFailed(req uint64, ce *pulsarpb.CommandError, out Outputs) error {
-	for _, e := range r.producers {
-		if e.held == nil || !e.p.OwnsRequest(req) {
-			continue
+	var owners []*engine
+	for id, e := range r.producers {
+		if id == e.id && e.held != nil && e.p.OwnsRequest(req) {
+			owners = append(owners, e)
 		}
-		r.opening--
-		r.log.Warn("broker refused a bucket producer; failing the client's producer", "topic", e.topic,
+	}
+	for _, e := range owners {
+		r.log.Warn("broker refused a proxy producer; failing the client's producer", "topic", e.topic,
 			"producer_id", e.id, "producer", e.name, "error", ce.GetError().String(), "message", ce.GetMessage())
 		b, err := wire.AppendCommandFrame(nil, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_ERROR.Enum(), Error: &pulsarpb.CommandError{
 			RequestId: proto.Uint64(e.heldReqID), Error: ce.Error, Message: ce.Message}})
 		if err != nil {
 			return err
 		}
-		reqs, _ := e.p.CloseLanes(r.newID, false, &r.out)
-		closeReq := r.newID()
-		reqs = append(reqs, closeReq)
-		r.out.Broker, err = wire.AppendCommandFrame(r.out.Broker, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_PRODUCER.Enum(),
-			CloseProducer: &pulsarpb.CommandCloseProducer{ProducerId: proto.Uint64(e.id), RequestId: proto.Uint64(closeReq)}})
-		if err != nil {
-			return err
-		}
-		for _, q := range reqs {
-			r.swallow[q] = struct{}{}
-		}
-		out.ToBroker(r.out.Broker)
-		r.out.Broker = r.out.Broker[:0]
+		r.closeOnBroker(e.id)
 		r.drop(e.id, e)
+		r.writeOut(out)
 		out.ToClient(b)
-		return nil
 	}
 	return nil
+}
+
+// closeOnBroker sends CLOSE_PRODUCER for a producer of the client's that the proxy gives up
+// on; the answer is the path's.
+func (r *rebatchPath) closeOnBroker(id uint64) {
+	req := r.newID()
+	b, err := wire.AppendCommandFrame(nil, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_PRODUCER.Enum(),
+		CloseProducer: &pulsarpb.CommandCloseProducer{ProducerId: proto.Uint64(id), RequestId: proto.Uint64(req)}})
+	if err == nil {
+		r.swallow[req] = struct{}{}
+		r.out.Broker = append(r.out.Broker, b...)
+	}
 }
 
 // emit writes what the engine produced, accounts for it, and turns an engine
@@ -585,6 +611,7 @@ func (r *rebatchPath) account(e *engine) {
 		{"max_delay", s.FlushDelay, e.last.FlushDelay},
 		{"group_change", s.FlushGroup, e.last.FlushGroup},
 		{"explicit", s.FlushExplicit, e.last.FlushExplicit},
+		{"idle", s.FlushIdle, e.last.FlushIdle},
 	} {
 		if v := d(f.now, f.since); v > 0 {
 			r.m.flushes.WithLabelValues(e.kind, f.reason).Add(v)
@@ -598,6 +625,13 @@ func (r *rebatchPath) drop(id uint64, e *engine) {
 		return
 	}
 	e.p.Abandon()
+	if !e.lanesClosed {
+		e.lanesClosed = true
+		reqs, _ := e.p.CloseLanes(r.newID, false, &r.out)
+		for _, q := range reqs {
+			r.swallow[q] = struct{}{}
+		}
+	}
 	delete(r.producers, id)
 	if len(r.retired) > maxRetired {
 		clear(r.retired)
@@ -625,9 +659,18 @@ func (r *rebatchPath) drop(id uint64, e *engine) {
 		return
 	}
 	for tok, w := range r.waiting {
-		if w.producerID == id {
-			delete(r.waiting, tok)
-			r.chunks.t.Cancel(tok)
+		if w.producerID != id {
+			continue
+		}
+		delete(r.waiting, tok)
+		if r.chunks.t.Cancel(tok) {
+			continue
+		}
+		// Not a waiter any more: its outcome was decided (posted to the mailbox, or about to
+		// be). An answer needs no one; a promotion made it the copy in flight, which nobody
+		// will send now, so the next copy must go.
+		if ev, ok := r.chunks.take(tok); !ok || ev.promote {
+			r.events = append(r.events, tagEvent{tok: tok, failed: true})
 		}
 	}
 	for tok, pid := range r.inflightTok {
@@ -687,9 +730,24 @@ func (r *rebatchPath) NextDeadline() time.Time {
 // failed, so a copy held elsewhere is forwarded there; copies held here are withdrawn.
 func (r *rebatchPath) Close() {
 	for id, e := range r.producers {
-		r.drop(id, e)
+		if id == e.id {
+			r.drop(id, e)
+		}
 	}
 	r.processEvents()
+}
+
+// ClientGone is called when the client left but the broker side stays open to drain chunk
+// receipts: open batches are dropped (their sends were never acknowledged, and the client
+// resends them), and nothing more is flushed for this client.
+func (r *rebatchPath) ClientGone() {
+	for id, e := range r.producers {
+		if id == e.id {
+			e.p.DiscardOpen()
+			e.p.Abandon()
+		}
+	}
+	r.deadline = time.Time{}
 }
 
 // InFlightChunks reports how many forwarded chunks still await their receipt; the connection
@@ -752,6 +810,8 @@ func (r *rebatchPath) chunkSend(f wire.Frame, s *wire.Send, out Outputs) (Verdic
 		id, err := e.p.Hold(now, f, &r.out)
 		if err == nil {
 			r.waiting[tok] = waitRef{producerID: e.id, send: id, frame: append([]byte(nil), f.Bytes()...)}
+		} else {
+			r.chunks.t.Cancel(tok)
 		}
 		return r.emit(e.id, e, out, err)
 	default: // Reject

@@ -86,6 +86,9 @@ func (s *Server) Serve() error {
 	loops := s.cfg.EventLoops
 	opts := []gnet.Option{
 		gnet.WithTicker(true),
+		// A proxy restarted after a crash must bind at once, not after the old
+		// connections leave TIME_WAIT: clients are reconnecting.
+		gnet.WithReuseAddr(true),
 		gnet.WithReadBufferCap(s.cfg.ReadBufferCap),
 		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
 		gnet.WithLogger(gnetLogger{s.log}),

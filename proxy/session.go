@@ -7,8 +7,11 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"runtime/debug"
 	"sync/atomic"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/panjf2000/gnet/v2"
 
@@ -73,6 +76,8 @@ type session struct {
 	scratch      []byte
 	producers    map[uint64]string // producer id -> topic, for logs
 	clientGone   bool              // the client closed; the broker side drains chunk receipts
+	timer        *time.Timer       // fires tickAsync at the path's deadline
+	timerAt      int64             // when timer is armed for (unix ns), 0 = not armed
 	consumers    map[uint64]string // consumer id -> topic, for logs
 
 	// Pump state while a batch of frames is being processed, so Outputs
@@ -480,14 +485,49 @@ func (s *session) toPath(d direction, f wire.Frame) (frameAction, error) {
 	return actForward, nil
 }
 
-// notePathDeadline publishes the ProducerPath's next deadline to the ticker.
-// Runs on the loop.
+// notePathDeadline arms the session's timer for the ProducerPath's next
+// deadline (a batch's max delay), so the flush happens on time whatever the
+// ticker's pace. Runs on the loop.
 func (s *session) notePathDeadline() {
-	var ns int64
-	if d := s.path.NextDeadline(); !d.IsZero() {
-		ns = d.UnixNano()
+	d := s.path.NextDeadline()
+	if d.IsZero() {
+		s.pathDeadline.Store(0)
+		return
 	}
+	ns := d.UnixNano()
 	s.pathDeadline.Store(ns)
+	if s.timerAt != 0 && s.timerAt <= ns {
+		return // armed early enough already
+	}
+	s.timerAt = ns
+	wait := time.Until(d)
+	if s.timer == nil {
+		s.timer = time.AfterFunc(wait, s.onTimer)
+		return
+	}
+	s.timer.Reset(wait)
+}
+
+// onTimer runs on a timer goroutine when the path's deadline is due.
+func (s *session) onTimer() { s.tickAsync() }
+
+// recoverAndClose turns a panic in producer-path code run outside OnTraffic
+// (ticks, close) into a logged, counted internal error that closes this pair
+// only. Deferred on the loop.
+func (s *session) recoverAndClose() {
+	v := recover()
+	if v == nil {
+		return
+	}
+	s.srv.m.panics.Add(1)
+	s.logger().Error("BUG: panic in the producer path; closing the connection", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+	if s.reason == nil {
+		s.reason = fmt.Errorf("%w: %v", ErrInternal, v)
+	}
+	_ = s.client.Close()
+	if s.broker != nil {
+		_ = s.broker.Close()
+	}
 }
 
 // chunkDrainTime bounds the broker side's drain after the client left.
@@ -501,9 +541,11 @@ func (s *session) tickAsync() {
 	}
 	e := s.client.EventLoop().Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
 		s.tickQueued.Store(false)
+		s.timerAt = 0
 		if s.state != stEstablished || s.path == nil {
 			return nil
 		}
+		defer s.recoverAndClose()
 		s.pumpFail = nil
 		err := s.path.Tick(time.Now(), s)
 		if err == nil {
@@ -796,6 +838,21 @@ func (s *session) onClose(e *end, c gnet.Conn, err error) {
 		s.clientGone = true
 		s.drainDeadline.Store(s.srv.now.Load() + int64(chunkDrainTime))
 		s.logger().Info("client left with chunks in flight; draining their receipts", "limit", chunkDrainTime)
+		if g, ok := s.path.(interface{ ClientGone() }); ok {
+			g.ClientGone()
+		}
+		// Consumers must not stay subscribed for a client that left (Exclusive and Failover
+		// subscriptions would refuse its reconnect): close them on the broker now.
+		var buf []byte
+		req := uint64(1) << 62
+		for id := range s.consumers {
+			req++
+			buf, _ = wire.AppendCommandFrame(buf, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_CONSUMER.Enum(),
+				CloseConsumer: &pulsarpb.CommandCloseConsumer{ConsumerId: proto.Uint64(id), RequestId: proto.Uint64(req)}})
+		}
+		if len(buf) > 0 {
+			_, _ = s.broker.Write(buf)
+		}
 		return
 	}
 	prev := s.state
@@ -835,9 +892,15 @@ func (s *session) onClose(e *end, c gnet.Conn, err error) {
 	s.setPaused(toBroker, false)
 	s.setPaused(toClient, false)
 	if s.path != nil {
-		s.path.Close()
+		func() {
+			defer s.recoverAndClose()
+			s.path.Close()
+		}()
 	}
 	s.pathDeadline.Store(0)
+	if s.timer != nil {
+		s.timer.Stop()
+	}
 	s.handshakeDeadline.Store(0)
 	s.srv.sessions.Delete(s)
 	s.srv.nsessions.Add(-1)

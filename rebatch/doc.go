@@ -76,17 +76,26 @@
 // every lane.
 //
 // merge_producers: the shared lane's entries carry the proxy's own sequence ids (one per
-// message), so broker de-duplication cannot relate them to a client's resend. Within one
-// proxy process every send is still answered exactly once, but if the proxy dies, messages
-// it had stored and not yet acknowledged are stored again when clients resend: at-least-once,
-// documented as the price of merging synchronous producers. Consumers also see the shared
-// producer's name on those messages.
+// message), so broker de-duplication cannot relate them to a client's resend. Every send is
+// answered exactly once, but after any reconnect (the client's connection or the proxy dying,
+// the broker closing the producer), messages that were stored and not yet acknowledged are
+// stored again when the client resends: at-least-once, the price of merging synchronous
+// producers. Consumers also see the shared producer's name on those messages.
+//
+// Group commit: by default a lane with nothing in flight sends its open batch at once, and the
+// next batch fills while that entry is in flight, so batches grow with the broker's latency
+// instead of every send waiting max_delay (HoldWhenIdle keeps the old behaviour).
+//
+// Sends larger than an entry may be (uncompressed above max_bytes or the broker's limit) are
+// forwarded as they are, compressed as the client made them.
 //
 // Chunks are never merged; duplicate chunks (package chunkdedup) are answered by the proxy:
 // Hold, Resolve, Fail and Promote (held.go) keep such sends in the client's queue so their
 // receipts still leave in order.
 //
-// Bounded memory (contract 7): the open batch is bounded by max bytes, and pending client sends
-// by Config.MaxPendingSends (ErrTooManyPending); the connection layer stops reading the client
-// before that bound.
+// Bounded memory (contract 7): each open batch is bounded by max bytes, and pending client sends
+// by Config.MaxPendingSends; beyond that bound Send returns ErrTooManyPending and the proxy
+// closes the connection with a logged reason. The bound (100,000 sends) is far above what
+// clients keep pending (Go: 1,000 per producer by default); withholding reads before it is not
+// built yet.
 package rebatch

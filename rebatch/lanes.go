@@ -148,3 +148,15 @@ func (p *Producer) Abandon() { p.dead = true }
 
 // Abandoned reports whether Abandon was called.
 func (p *Producer) Abandoned() bool { return p.dead }
+
+// DiscardOpen drops every open batch of the engine's own lanes (the client left: its unsent
+// messages will be resent by the client). A shared lane's batch is left to its other members.
+func (p *Producer) DiscardOpen() {
+	for _, l := range p.lanes {
+		if !l.shared {
+			l.open.n = 0
+			l.open.buf = l.open.buf[:0]
+			l.open.sends = l.open.sends[:0]
+		}
+	}
+}

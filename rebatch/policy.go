@@ -60,10 +60,15 @@ type Policy struct {
 	// MergeProducers (coalesce only) merges the messages of every client producer of a topic on
 	// one client connection into shared entries, written by a proxy-owned broker producer.
 	// Synchronous producers (one message, then wait for the receipt) gain only from this. The
-	// price: the shared producer's sequence ids are the proxy's, so after a proxy crash broker
+	// price: the shared producer's sequence ids are the proxy's, so after any reconnect broker
 	// de-duplication cannot recognise a client's resend (at-least-once, not exactly-once), and
 	// consumers see the shared producer's name on those messages.
 	MergeProducers bool
+	// HoldWhenIdle keeps a batch open for MaxDelay even when the broker has nothing of this
+	// lane in flight. By default (false) a batch is sent as soon as the lane is idle and the
+	// next one fills while that entry is in flight (group commit): batches grow with the
+	// broker's latency instead of adding MaxDelay to every send.
+	HoldWhenIdle bool
 
 	// Buckets is the number of equal-width buckets over the 16-bit hashB ring (buckets
 	// policy); BucketStarts gives explicit boundaries instead (first 0, strictly increasing).

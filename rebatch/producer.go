@@ -31,6 +31,9 @@ var (
 	// ErrLaneClosed: the broker closed one of the bucket producers; the client must reconnect
 	// and resend, which closing its connection makes it do.
 	ErrLaneClosed = errors.New("rebatch: the broker closed a bucket producer")
+
+	// errTooBig: a send the engine cannot rebuild within the entry budget; forwarded as is.
+	errTooBig = errors.New("rebatch: send larger than an entry")
 )
 
 // Config describes one client producer as the broker registered it.
@@ -45,7 +48,8 @@ type Config struct {
 	// LastSequenceID is CommandProducerSuccess.last_sequence_id: with broker de-duplication
 	// on, the highest sequence id the broker persisted for this producer name; -1 otherwise.
 	LastSequenceID int64
-	// MaxPendingSends bounds the client sends awaiting receipts (contract 7); 0 means 10,000.
+	// MaxPendingSends bounds the client sends awaiting receipts (contract 7); 0 means 100,000
+	// (4M for TrackOnly). Beyond it Send returns ErrTooManyPending and the connection closes.
 	MaxPendingSends int
 	// OnEntry, when set, is called with the message count of every entry sent to the broker.
 	OnEntry func(messages int)
@@ -86,6 +90,7 @@ type Stats struct {
 	FlushDelay       uint64
 	FlushGroup       uint64 // properties changed, schema changed, a resend, or a send never merged
 	FlushExplicit    uint64
+	FlushIdle        uint64 // sent at once because nothing of its lane was in flight
 	ReceiptsToClient uint64
 	ErrorsToClient   uint64
 }
@@ -226,7 +231,12 @@ func NewProducer(cfg Config) (*Producer, error) {
 		cfg.MaxMessageSize = 5 << 20
 	}
 	if cfg.MaxPendingSends <= 0 {
-		cfg.MaxPendingSends = 10000
+		cfg.MaxPendingSends = 100000
+		if cfg.TrackOnly {
+			// A passthrough producer is bounded by the client and the broker; the engine only
+			// keeps order and must not be what disconnects it.
+			cfg.MaxPendingSends = 1 << 22
+		}
 	}
 	p := &Producer{cfg: cfg}
 	p.lanes = []*lane{{producerID: cfg.ProducerID, name: cfg.ProducerName, lastPushed: cfg.LastSequenceID, ready: true}}
@@ -353,8 +363,16 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 		return p.verbatim(now, f, &s, out)
 	}
 	msgs, err := p.explode(f, &s)
+	if err == errTooBig {
+		return p.verbatim(now, f, &s, out)
+	}
 	if err != nil {
 		return err
+	}
+	for _, m := range msgs {
+		if 4+len(m.smm)+len(m.payload) > p.budget {
+			return p.verbatim(now, f, &s, out) // a message no built entry could hold
+		}
 	}
 	p.stats.ClientMessages += uint64(len(msgs))
 	hi := msgs[len(msgs)-1].seq
@@ -408,16 +426,30 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 			}
 		}
 	}
-	// Duplicates never wait for company.
-	for i := range p.lanes {
-		if l := p.lanes[i]; l.open.n > 0 && l.open.dup {
+	// Duplicates never wait for company, and an idle lane does not wait at all.
+	for _, l := range p.lanes {
+		switch {
+		case l.open.n == 0:
+		case l.open.dup:
 			p.stats.FlushGroup++
-			if err := p.flush(l, out); err != nil {
-				return err
-			}
+		case len(l.entries) == 0 && !p.cfg.Policy.HoldWhenIdle:
+			p.stats.FlushIdle++
+		default:
+			continue
+		}
+		if err := p.flush(l, out); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// flushIdle sends a lane's open batch when its last entry in flight was just acknowledged.
+func (p *Producer) flushIdle(l *lane, out *Output) {
+	if l.open.n > 0 && len(l.entries) == 0 && !p.cfg.Policy.HoldWhenIdle && l.ready {
+		p.stats.FlushIdle++
+		_ = p.flush(l, out) // a flush error is an encoding bug; the batch stays open for Tick
+	}
 }
 
 // messageKey returns the key hashB is computed from (PIP-486): the ordering key, else the
@@ -472,8 +504,13 @@ func (p *Producer) explode(f wire.Frame, s *wire.Send) ([]msgRef, error) {
 	md := &p.md
 	payload := f.Payload()
 	if c := md.GetCompression(); c != pulsarpb.CompressionType_NONE {
+		if int(md.GetUncompressedSize()) > p.budget {
+			// Compressed below the broker's limit but larger than an entry may be once
+			// uncompressed: only the client's own compression makes it fit.
+			return nil, errTooBig
+		}
 		var err error
-		p.unzip, err = compression.Decompress(p.unzip[:0], c, payload, int(md.GetUncompressedSize()), p.cfg.MaxMessageSize*2)
+		p.unzip, err = compression.Decompress(p.unzip[:0], c, payload, int(md.GetUncompressedSize()), p.budget)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrMalformedSend, err)
 		}
@@ -675,7 +712,8 @@ func (p *Producer) flush(l *lane, out *Output) error {
 	if codec != pulsarpb.CompressionType_NONE {
 		var err error
 		p.zipped, err = compression.Compress(p.zipped[:0], codec, o.buf)
-		// Incompressible data can grow; the entry must stay under the broker's limit.
+		// Incompressible data can grow; the entry must stay under the broker's limit (the
+		// uncompressed buffer is within the budget: Send forwards larger sends as they are).
 		if err != nil || len(p.zipped) > p.budget {
 			codec = pulsarpb.CompressionType_NONE
 		} else {
@@ -755,6 +793,9 @@ func (p *Producer) OwnsProducer(producerID uint64) bool { return p.laneOf(produc
 // engine's producers and releases every client receipt that is now due, in the client's order.
 func (p *Producer) Receipt(r wire.SendReceipt, out *Output) error {
 	l := p.laneOf(r.ProducerID)
+	if l != nil && len(l.entries) > 0 && !l.entries[0].adopted && r.SequenceID < l.entries[0].lo {
+		return nil // a late receipt for something no longer in flight: clients ignore these too
+	}
 	if l == nil || len(l.entries) == 0 || (!l.entries[0].adopted && l.entries[0].lo != r.SequenceID) {
 		return fmt.Errorf("%w: producer %d sequence id %d", ErrUnexpectedReceipt, r.ProducerID, r.SequenceID)
 	}
@@ -776,6 +817,7 @@ func (p *Producer) Receipt(r wire.SendReceipt, out *Output) error {
 		}
 	}
 	releaseAll(e.refs, out)
+	p.flushIdle(l, out)
 	return nil
 }
 
@@ -830,7 +872,9 @@ func (p *Producer) release(out *Output) {
 			continue
 		}
 		if cs.failed {
-			out.Client = wire.AppendSendErrorFrame(out.Client, p.cfg.ProducerID, cs.seq, cs.errCode, cs.errMessage)
+			// The broker names a failed send by max(sequence_id, highest_sequence_id); Java's
+			// recovery compares against that.
+			out.Client = wire.AppendSendErrorFrame(out.Client, p.cfg.ProducerID, max(cs.seq, cs.highest), cs.errCode, cs.errMessage)
 			p.stats.ErrorsToClient++
 		} else {
 			r := wire.SendReceipt{ProducerID: p.cfg.ProducerID, SequenceID: cs.seq, HighestSequenceID: cs.highest,

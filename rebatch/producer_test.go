@@ -192,8 +192,11 @@ func decodeClient(t testing.TB, b []byte) []receipt {
 	return out
 }
 
+// newEngine returns an engine that holds batches open until a limit or the delay (the rules
+// under test); TestIdleLaneSendsAtOnceAndBatchesWhileInFlight covers the default group commit.
 func newEngine(t testing.TB, pol Policy, last int64) *Producer {
 	t.Helper()
+	pol.HoldWhenIdle = true
 	p, err := NewProducer(Config{Policy: pol, ProducerID: pid, ProducerName: "p", LastSequenceID: last})
 	if err != nil {
 		t.Fatal(err)
@@ -256,7 +259,7 @@ func pip191Messages() []msg {
 	return out
 }
 
-var pip191Policy = Policy{Kind: Properties, Restricted: map[string][]string{"region": {"us", "eu"}, "version": {"1", "2"}}}
+var pip191Policy = Policy{Kind: Properties, HoldWhenIdle: true, Restricted: map[string][]string{"region": {"us", "eu"}, "version": {"1", "2"}}}
 
 // The golden test of DESIGN.md: PIP-191's table, batch1..batch5.
 var pip191Want = []struct {
@@ -634,7 +637,7 @@ func TestUnexpectedReceiptIsAnError(t *testing.T) {
 // when a third send arrives before any receipt,
 // then it is refused with ErrTooManyPending.
 func TestPendingSendsAreBounded(t *testing.T) {
-	p, err := NewProducer(Config{Policy: Policy{Kind: Coalesce}, ProducerID: pid, ProducerName: "p", LastSequenceID: -1, MaxPendingSends: 2})
+	p, err := NewProducer(Config{Policy: Policy{Kind: Coalesce, HoldWhenIdle: true}, ProducerID: pid, ProducerName: "p", LastSequenceID: -1, MaxPendingSends: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -709,5 +712,40 @@ func TestCorruptSendIsNotLaundered(t *testing.T) {
 	send(t, p, b, &out)
 	if !bytes.Equal(out.Broker, b) {
 		t.Fatal("a corrupt send was rebuilt")
+	}
+}
+
+// Given the coalesce policy with its default group commit,
+// when a first send arrives with nothing in flight, then nine more while its entry is in
+// flight, and then the broker acknowledges the first entry,
+// then the first send goes at once alone, and the nine go as one entry when the
+// acknowledgement makes the lane idle, without waiting for the delay.
+func TestIdleLaneSendsAtOnceAndBatchesWhileInFlight(t *testing.T) {
+	p, err := NewProducer(Config{Policy: Policy{Kind: Coalesce}, ProducerID: pid, ProducerName: "p", LastSequenceID: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out Output
+	send(t, p, clientSingle(t, msg{payload: "0", seq: 0}), &out)
+	first := decodeEntries(t, out.Broker)
+	if len(first) != 1 || len(first[0].msgs) != 1 {
+		t.Fatalf("the first send was not sent at once: %d entries", len(first))
+	}
+	out.Broker = out.Broker[:0]
+	for i := 1; i < 10; i++ {
+		send(t, p, clientSingle(t, msg{payload: fmt.Sprint(i), seq: uint64(i)}), &out)
+	}
+	if len(out.Broker) != 0 {
+		t.Fatal("sends were not batched while an entry was in flight")
+	}
+	if err := p.Receipt(wire.SendReceipt{ProducerID: pid, SequenceID: 0, HasMessageID: true, LedgerID: 1, EntryID: 1}, &out); err != nil {
+		t.Fatal(err)
+	}
+	second := decodeEntries(t, out.Broker)
+	if len(second) != 1 || len(second[0].msgs) != 9 {
+		t.Fatalf("after the receipt: %d entries, want one of 9 messages", len(second))
+	}
+	if s := p.Stats(); s.FlushIdle != 2 || s.FlushDelay != 0 {
+		t.Fatalf("stats %+v", s)
 	}
 }

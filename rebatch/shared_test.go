@@ -15,7 +15,7 @@ import (
 // producer id and sequence ids.
 func TestSharedLaneMergesProducersAndReceiptsEachInOrder(t *testing.T) {
 	sl := NewSharedLane("shared")
-	pol := Policy{Kind: Coalesce, MergeProducers: true}
+	pol := Policy{Kind: Coalesce, MergeProducers: true, HoldWhenIdle: true}
 	mk := func(id uint64, name string) *Producer {
 		p, err := NewProducer(Config{Policy: pol, ProducerID: id, ProducerName: name, LastSequenceID: -1, Shared: sl})
 		if err != nil {

@@ -24,6 +24,7 @@ var policyKeys = map[string]string{
 	"max_delay":       "longest a message waits in an open batch, Go duration (default 2ms)",
 	"compression":     "none, lz4, zlib, zstd or snappy for built entries (default: the first client send's codec)",
 	"restricted":      "properties policy: map of property key to allowed values ([] admits any value)",
+	"hold_when_idle":  "keep a batch open for max_delay even when nothing of its lane is in flight (default false: send at once when idle, batch while busy)",
 	"merge_producers": "coalesce policy: merge all producers of a topic on a client connection into shared entries (at-least-once after a proxy crash; see README)",
 	"buckets":         "buckets policy: number of equal-width buckets over the 16-bit hashB ring (one broker producer each)",
 	"bucket_starts":   "buckets policy: explicit bucket start hashes instead, first 0, strictly increasing",
@@ -83,7 +84,7 @@ func parseRule(n *yaml.Node) (route.Rule[rebatch.Policy], error) {
 		k, v := n.Content[i], n.Content[i+1]
 		key := k.Value
 		if _, ok := policyKeys[key]; !ok {
-			return r, fmt.Errorf("line %d: unknown key %q (known: topics, policy, max_messages, max_bytes, max_delay, compression, restricted, merge_producers, buckets, bucket_starts)", k.Line, key)
+			return r, fmt.Errorf("line %d: unknown key %q (known: topics, policy, max_messages, max_bytes, max_delay, compression, restricted, merge_producers, hold_when_idle, buckets, bucket_starts)", k.Line, key)
 		}
 		if seen[key] {
 			return r, fmt.Errorf("line %d: key %q given twice", k.Line, key)
@@ -152,7 +153,7 @@ func parseRule(n *yaml.Node) (route.Rule[rebatch.Policy], error) {
 			}
 			ct := pulsarpb.CompressionType(c)
 			r.Policy.Compression = &ct
-		case "merge_producers":
+		case "merge_producers", "hold_when_idle":
 			s, err := scalar()
 			if err != nil {
 				return r, err
@@ -161,7 +162,11 @@ func parseRule(n *yaml.Node) (route.Rule[rebatch.Policy], error) {
 			if err != nil {
 				return r, bad("%q is not true or false", s)
 			}
-			r.Policy.MergeProducers = b
+			if key == "merge_producers" {
+				r.Policy.MergeProducers = b
+			} else {
+				r.Policy.HoldWhenIdle = b
+			}
 		case "buckets":
 			s, err := scalar()
 			if err != nil {

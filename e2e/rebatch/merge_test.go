@@ -14,7 +14,8 @@ import (
 	"github.com/rebatchproxy/rebatchproxy/rebatch"
 )
 
-// Given the proxy with coalesce and merge_producers,
+// Given the proxy with coalesce, merge_producers and hold_when_idle (batches wait max_delay
+// even when the lane is idle: the setting for the fewest entries),
 // when 100 producers of one client each send 20 messages synchronously (one message, then
 // wait for its receipt),
 // then the broker stores at least 20 times fewer entries than messages, every send returns
@@ -22,7 +23,7 @@ import (
 func TestCoalesceMergeProducersForSynchronousSenders(t *testing.T) {
 	b := harness.Default(t)
 	ns := newNamespace(t, b, "merge")
-	url := startProxy(t, b, ns, rebatch.Policy{Kind: rebatch.Coalesce, MergeProducers: true, MaxDelay: 5 * time.Millisecond})
+	url := startProxy(t, b, ns, rebatch.Policy{Kind: rebatch.Coalesce, MergeProducers: true, HoldWhenIdle: true, MaxDelay: 50 * time.Millisecond})
 	topic := "persistent://" + ns + "/t"
 	const producers, perProducer = 100, 20
 	c := newClient(t, url)
