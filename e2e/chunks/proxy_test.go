@@ -4,46 +4,21 @@
 package chunks_test
 
 import (
-	"context"
-	"io"
-	"log/slog"
 	"testing"
-	"time"
 
-	"github.com/rebatchproxy/rebatchproxy/proxy"
+	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
 )
 
 // startProxy runs the proxy in-process in front of the test broker, with its defaults (chunk
 // de-duplication is on under every policy, DESIGN.md section 2), and returns its host:port.
 func startProxy(t *testing.T) string {
 	t.Helper()
-	addr, err := proxy.BrokerAddress(broker.ServiceURL)
+	px, err := harness.StartProxy(broker.ServiceURL, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := proxy.DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Brokers = []string{addr}
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	srv, err := proxy.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve() }()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	la := srv.Addr(ctx)
-	if la == "" {
-		t.Fatalf("proxy did not start: %v", <-done)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		<-done
-	})
-	return la
+	t.Cleanup(px.Stop)
+	return px.Addr
 }
 
 // TestThroughProxyStoresEachChunkOnce: with the fault between the client and the proxy, the

@@ -52,37 +52,18 @@ func (l *logBuffer) waitFor(t *testing.T, s string) {
 	t.Fatalf("proxy log has no %q:\n%s", s, l.String())
 }
 
-// startProxy runs a proxy in front of b and returns its pulsar:// URL.
+// startProxy runs a proxy in front of b and returns its pulsar:// URL and its log.
 func startProxy(t *testing.T, b *harness.Broker) (string, *logBuffer) {
 	t.Helper()
-	addr, err := proxy.BrokerAddress(b.ServiceURL)
-	if err != nil {
-		t.Fatal(err)
-	}
 	logs := &logBuffer{}
-	cfg := proxy.DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Brokers = []string{addr}
-	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	srv, err := proxy.New(cfg)
+	px, err := harness.StartProxy(b.ServiceURL, func(c *proxy.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve() }()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	la := srv.Addr(ctx)
-	if la == "" {
-		t.Fatalf("proxy did not start: %v", <-done)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		<-done
-	})
-	return "pulsar://" + la, logs
+	t.Cleanup(px.Stop)
+	return px.URL, logs
 }
 
 func quietLogger() plog.Logger {

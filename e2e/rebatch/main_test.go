@@ -6,7 +6,6 @@ package rebatch_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"testing"
@@ -26,45 +25,24 @@ import (
 func TestMain(m *testing.M) { os.Exit(harness.Run(m, harness.Options{})) }
 
 // startProxy runs the proxy in-process with one policy for every topic of namespace ns, and
-// returns its service URL and its rebatch metrics.
+// returns its service URL.
 func startProxy(t *testing.T, b *harness.Broker, ns string, pol rebatch.Policy) string {
 	t.Helper()
-	addr, err := proxy.BrokerAddress(b.ServiceURL)
-	if err != nil {
-		t.Fatal(err)
-	}
 	m, err := route.NewMatcher([]route.Rule[rebatch.Policy]{{Pattern: ns + "/*", Policy: pol}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if testing.Verbose() {
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	}
-	cfg := proxy.DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Brokers = []string{addr}
-	cfg.Logger = log
-	cfg.ProducerPaths = proxy.RebatchPaths(proxy.NewPolicies(m), proxy.NewRebatchMetrics(), proxy.NewChunkDedup(chunkdedup.Config{}), log)
-	srv, err := proxy.New(cfg)
+	px, err := harness.StartProxy(b.ServiceURL, func(c *proxy.Config) {
+		if testing.Verbose() {
+			c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		}
+		c.ProducerPaths = proxy.RebatchPaths(proxy.NewPolicies(m), proxy.NewRebatchMetrics(), proxy.NewChunkDedup(chunkdedup.Config{}), c.Logger)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve() }()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	la := srv.Addr(ctx)
-	if la == "" {
-		t.Fatalf("proxy did not start: %v", <-done)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		<-done
-	})
-	return "pulsar://" + la
+	t.Cleanup(px.Stop)
+	return px.URL
 }
 
 func quietLogger() plog.Logger {
