@@ -94,8 +94,6 @@ func entriesAdded(t *testing.T, topic string) int64 {
 	return *st.EntriesAddedCounter
 }
 
-func strp(s string) *string { return &s }
-
 func deref(s *string) string {
 	if s == nil {
 		return "<nil>"
