@@ -2,7 +2,7 @@
 // unmodified, through the proxy (started in-process) against a real Apache Pulsar broker.
 //
 // Contract:
-//   - TestMatrix runs, for each driver, the cells listed in Columns: produce and consume on a
+//   - TestMatrix runs, for each driver, the cells listed in columns (matrix_test.go): produce and consume on a
 //     non-partitioned and a partitioned topic with batching on and off, the four subscription
 //     types, chunked messages, a JSON schema, redelivery after a negative ack, and token
 //     authentication (a good token accepted, a bad one refused with the same error the client

@@ -2,16 +2,13 @@ package compat
 
 import (
 	"bytes"
-	"context"
 	"flag"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
 	"github.com/rebatchproxy/rebatchproxy/proxy"
@@ -43,37 +40,17 @@ func (l *logBuffer) String() string {
 	return l.b.String()
 }
 
-// startProxy runs the proxy in-process in front of b and returns its pulsar:// URL and a
-// function that stops it.
+// startProxy runs the proxy in-process in front of b (harness.StartProxy), logging warnings to
+// the returned buffer, and returns its pulsar:// URL and a function that stops it.
 func startProxy(b *harness.Broker) (string, *logBuffer, func(), error) {
-	addr, err := proxy.BrokerAddress(b.ServiceURL)
-	if err != nil {
-		return "", nil, nil, err
-	}
 	logs := &logBuffer{}
-	cfg := proxy.DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Brokers = []string{addr}
-	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	srv, err := proxy.New(cfg)
+	p, err := harness.StartProxy(b.ServiceURL, func(c *proxy.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
 	if err != nil {
 		return "", nil, nil, err
 	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve() }()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	la := srv.Addr(ctx)
-	if la == "" {
-		return "", nil, nil, fmt.Errorf("proxy did not start: %v", <-done)
-	}
-	stop := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		<-done
-	}
-	return "pulsar://" + la, logs, stop, nil
+	return p.URL, logs, p.Stop, nil
 }
 
 // packageDir is the directory of this package's sources.

@@ -1,21 +1,37 @@
-// Command bench measures, in one run, the same pulsar-client-go workloads
-// sent directly to a broker and through this proxy (started in-process),
-// and prints throughput, publish latency and their ratios side by side.
+// Command bench measures, in one run, the same pulsar-client-go workloads sent directly to a
+// broker, through this proxy and through Apache Pulsar's own Java proxy (from the same
+// distribution as the broker), and prints throughput, publish latency, the CPU each proxy
+// process used and the ratios side by side.
 //
-//	go run ./e2e/proxy/bench -broker pulsar://127.0.0.1:16650
+//	go run ./e2e/proxy/bench -broker pulsar://127.0.0.1:16650 -broker-web http://127.0.0.1:18080
 //
-// It is a measurement, not a test: it never fails on numbers.
+// Both proxies run as separate processes so that their CPU time can be read from
+// /proc/<pid>/stat (utime+stime, all threads): ours is this binary re-executed in proxy mode,
+// the Java one is `bin/pulsar proxy` with a generated configuration, small heap. The bench
+// starts and stops both itself, with bounded waits. It is a measurement, not a test: it never
+// fails on numbers.
 package main
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/apache/pulsar-client-go/pulsar"
@@ -36,27 +52,63 @@ type workload struct {
 type result struct {
 	msgs, mbps float64
 	p50, p99   time.Duration
+	n          int
+	elapsed    time.Duration
+	cpu        time.Duration // CPU time of the proxy process during the run (0 for direct)
+	clientCPU  time.Duration // CPU time of this process (the client) during the run
+	brokerCPU  time.Duration // CPU time of the broker process (with -broker-pid)
 }
 
+// target is where the client connects: the broker itself or a proxy process.
+type target struct {
+	name string
+	url  string
+	pid  int // the proxy process, 0 for direct
+}
+
+const childEnv = "REBATCHPROXY_BENCH_CHILD" // set: this process is our proxy, serving the broker named in it
+
 func main() {
+	if b := os.Getenv(childEnv); b != "" {
+		serveChild(b)
+		return
+	}
 	brokerURL := flag.String("broker", "pulsar://127.0.0.1:16650", "broker service URL")
-	scale := flag.Float64("scale", 0.5, "multiply message counts")
+	brokerWeb := flag.String("broker-web", "http://127.0.0.1:18080", "broker web service URL (for the Java proxy)")
+	pulsarHome := flag.String("pulsar-home", "", "Apache Pulsar distribution holding bin/pulsar (default: <repo>/.pulsar/dist/apache-pulsar-4.0.8)")
+	java := flag.Bool("java", true, "also measure Pulsar's own Java proxy")
+	scale := flag.Float64("scale", 1, "multiply message counts")
+	rounds := flag.Int("rounds", 3, "interleaved runs per workload and target; the best throughput and latency are kept, CPU is summed")
+	only := flag.String("only", "", "run only workloads whose name contains this")
+	cpuprofile := flag.String("proxy-cpuprofile", "", "write our proxy's CPU profile (whole run) to this file")
+	flag.IntVar(&brokerPID, "broker-pid", 0, "the broker's pid, to report its CPU time per run too (0: not reported)")
+	readBuf := flag.Int("proxy-read-buffer", 0, "our proxy's ReadBufferCap in bytes (0: its default)")
 	flag.Parse()
+
 	addr, err := proxy.BrokerAddress(*brokerURL)
 	if err != nil {
 		fail(err)
 	}
-	cfg := proxy.DefaultConfig()
-	cfg.Listen, cfg.Brokers = "127.0.0.1:0", []string{addr}
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	srv, err := proxy.New(cfg)
+	targets := []target{{name: "direct", url: *brokerURL}}
+	ours, err := startOurs(addr, *cpuprofile, *readBuf)
 	if err != nil {
-		fail(err)
+		fail(fmt.Errorf("our proxy: %w", err))
 	}
-	go func() { _ = srv.Serve() }()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	proxyURL := "pulsar://" + srv.Addr(ctx)
-	cancel()
+	defer ours.stop()
+	targets = append(targets, ours.target)
+	if *java {
+		home := *pulsarHome
+		if home == "" {
+			home = filepath.Join(repoRoot(), ".pulsar", "dist", "apache-pulsar-4.0.8")
+		}
+		jp, err := startJava(home, *brokerURL, *brokerWeb, addr)
+		if err != nil {
+			ours.stop()
+			fail(fmt.Errorf("the Java proxy: %w", err))
+		}
+		defer jp.stop()
+		targets = append(targets, jp.target)
+	}
 
 	wls := []workload{
 		{"100 B batched", 100, true, 200000, false},
@@ -64,36 +116,147 @@ func main() {
 		{"10 KB batched", 10 << 10, true, 20000, false},
 		{"100 B sync (latency)", 100, false, 2000, true},
 	}
-	fmt.Printf("broker %s, proxy %s (in-process, gnet), GOMAXPROCS shared with the clients\n\n", *brokerURL, proxyURL)
-	fmt.Printf("%-22s | %-29s | %-29s | %-22s\n", "workload", "direct msg/s  MB/s  p50  p99", "proxy msg/s  MB/s  p50  p99", "ratio thr, +p50")
-	for _, w := range wls {
-		w.n = int(float64(w.n) * *scale)
-		// Interleave direct and proxy runs and keep the better of each,
-		// so warm-up and neighbours' load hit both columns alike.
-		d, p := run(*brokerURL, w), run(proxyURL, w)
-		d, p = best(d, run(*brokerURL, w)), best(run(proxyURL, w), p)
-		fmt.Printf("%-22s | %8.0f %6.1f %6s %6s | %8.0f %6.1f %6s %6s | %.2fx, %+.2f ms\n", w.name,
-			d.msgs, d.mbps, ms(d.p50), ms(d.p99), p.msgs, p.mbps, ms(p.p50), ms(p.p99),
-			p.msgs/d.msgs, float64(p.p50-d.p50)/1e6)
+	fmt.Printf("broker %s; GOMAXPROCS %d; %d rounds per cell, interleaved\n", *brokerURL, runtime.GOMAXPROCS(0), *rounds)
+	for _, t := range targets[1:] {
+		fmt.Printf("  %-6s %s (pid %d)\n", t.name, t.url, t.pid)
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	_ = srv.Shutdown(sctx)
+	// Warm up: every workload once at a tenth of its size through every target, unmeasured
+	// (JIT compilation of the Java proxy, connection pools, topic creation paths).
+	for _, w := range wls {
+		if *only != "" && !strings.Contains(w.name, *only) {
+			continue
+		}
+		w.n = max(100, int(float64(w.n)**scale/10))
+		for _, t := range targets {
+			run(t.url, w)
+		}
+	}
+	for _, t := range targets[1:] {
+		fmt.Printf("  %-6s idle CPU after warm-up: %.2fs over 2 s\n", t.name, idleCPU(t.pid).Seconds())
+	}
+	fmt.Println()
+	all := map[string][]result{}
+	for _, w := range wls {
+		if *only != "" && !strings.Contains(w.name, *only) {
+			continue
+		}
+		w.n = max(100, int(float64(w.n)**scale))
+		res := make([]result, len(targets))
+		for r := 0; r < *rounds; r++ {
+			for i, t := range targets {
+				x := measure(t, w)
+				res[i] = combine(res[i], x, r == 0)
+			}
+		}
+		all[w.name] = res
+		printRow(w, targets, res)
+	}
+	printSummary(targets, wls, all)
 }
 
-// best keeps the higher throughput and the lower latencies of two runs.
-func best(a, b result) result {
-	if b.msgs > a.msgs {
-		a.msgs, a.mbps = b.msgs, b.mbps
+// combine keeps the higher throughput and the lower latencies of the rounds, and sums messages
+// and proxy CPU over all of them.
+func combine(acc, x result, first bool) result {
+	if first {
+		return x
 	}
-	a.p50, a.p99 = min(a.p50, b.p50), min(a.p99, b.p99)
-	return a
+	out := acc
+	if x.msgs > out.msgs {
+		out.msgs, out.mbps = x.msgs, x.mbps
+	}
+	out.p50, out.p99 = min(out.p50, x.p50), min(out.p99, x.p99)
+	out.n += x.n
+	out.elapsed += x.elapsed
+	out.cpu += x.cpu
+	out.clientCPU += x.clientCPU
+	out.brokerCPU += x.brokerCPU
+	return out
+}
+
+var brokerPID int
+
+func measure(t target, w workload) result {
+	before, cl, br := procCPU(t.pid), selfCPU(), procCPU(brokerPID)
+	r := run(t.url, w)
+	r.cpu = procCPU(t.pid) - before
+	r.clientCPU = selfCPU() - cl
+	r.brokerCPU = procCPU(brokerPID) - br
+	return r
+}
+
+// selfCPU is this process's user+system CPU time (the client side of the bench).
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		fail(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func printRow(w workload, targets []target, res []result) {
+	fmt.Printf("%s (%d messages per run)\n", w.name, w.n)
+	fmt.Printf("  %-7s %10s %8s %8s %8s %10s %12s %9s %9s   %s\n", "target", "msg/s", "MB/s", "p50 ms", "p99 ms", "proxy CPU", "msg/CPU-s", "thr/dir", "+p50 ms",
+		"CPU ms per 1000 msgs: proxy client broker")
+	d := res[0]
+	for i, t := range targets {
+		r := res[i]
+		cpu, per := "-", "-"
+		if t.pid != 0 {
+			cpu = fmt.Sprintf("%.2fs", r.cpu.Seconds())
+			if r.cpu > 0 {
+				per = fmt.Sprintf("%.0f", float64(r.n)/r.cpu.Seconds())
+			}
+		}
+		per1k := func(c time.Duration) string {
+			if c == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.1f", c.Seconds()*1e6/float64(r.n))
+		}
+		fmt.Printf("  %-7s %10.0f %8.1f %8s %8s %10s %12s %8.2fx %+9.2f   %s %s %s\n", t.name, r.msgs, r.mbps, ms(r.p50), ms(r.p99),
+			cpu, per, r.msgs/d.msgs, float64(r.p50-d.p50)/1e6, per1k(r.cpu), per1k(r.clientCPU), per1k(r.brokerCPU))
+	}
+	fmt.Println()
+}
+
+func printSummary(targets []target, wls []workload, all map[string][]result) {
+	if len(targets) < 3 {
+		return
+	}
+	fmt.Println("ours vs Java proxy")
+	fmt.Printf("  %-22s %12s %16s %14s\n", "workload", "throughput", "msgs per CPU-s", "+p50 ms")
+	for _, w := range wls {
+		res, ok := all[w.name]
+		if !ok {
+			continue
+		}
+		o, j := res[1], res[2]
+		per := "-"
+		if o.cpu > 0 && j.cpu > 0 {
+			per = fmt.Sprintf("%.2fx", (float64(o.n)/o.cpu.Seconds())/(float64(j.n)/j.cpu.Seconds()))
+		}
+		fmt.Printf("  %-22s %11.2fx %16s %+7.2f/%+.2f\n", w.name, o.msgs/j.msgs, per,
+			float64(o.p50-res[0].p50)/1e6, float64(j.p50-res[0].p50)/1e6)
+	}
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/1e6) }
 
+var (
+	runningMu sync.Mutex
+	running   []*process // proxies to stop if the bench fails
+)
+
 func fail(err error) {
 	fmt.Fprintln(os.Stderr, "bench:", err)
+	if os.Getenv(childEnv) == "" {
+		runningMu.Lock()
+		ps := running
+		runningMu.Unlock()
+		for _, p := range ps {
+			p.stop()
+		}
+	}
 	os.Exit(1)
 }
 
@@ -110,7 +273,7 @@ func run(url string, w workload) result {
 	p, err := c.CreateProducer(pulsar.ProducerOptions{Topic: topic, DisableBatching: !w.batching,
 		BatchingMaxPublishDelay: time.Millisecond, MaxPendingMessages: 2000, BatchingMaxSize: 128 << 10})
 	if err != nil {
-		fail(err)
+		fail(fmt.Errorf("%s: %w", url, err))
 	}
 	defer p.Close()
 	payload := make([]byte, w.size)
@@ -136,7 +299,6 @@ func run(url string, w workload) result {
 		wg.Add(w.n)
 		for i := 0; i < w.n; i++ {
 			t0 := time.Now()
-			i := i
 			p.SendAsync(ctx, &pulsar.ProducerMessage{Payload: payload}, func(_ pulsar.MessageID, _ *pulsar.ProducerMessage, err error) {
 				if err != nil {
 					fail(err)
@@ -150,9 +312,277 @@ func run(url string, w workload) result {
 	el := time.Since(start)
 	slices.Sort(lat)
 	return result{
-		msgs: float64(w.n) / el.Seconds(),
-		mbps: float64(w.n*w.size) / el.Seconds() / 1e6,
-		p50:  lat[len(lat)/2],
-		p99:  lat[len(lat)*99/100],
+		msgs:    float64(w.n) / el.Seconds(),
+		mbps:    float64(w.n*w.size) / el.Seconds() / 1e6,
+		p50:     lat[len(lat)/2],
+		p99:     lat[len(lat)*99/100],
+		n:       w.n,
+		elapsed: el,
+	}
+}
+
+// idleCPU is the CPU a proxy process uses in two seconds without traffic.
+func idleCPU(pid int) time.Duration {
+	before := procCPU(pid)
+	time.Sleep(2 * time.Second)
+	return procCPU(pid) - before
+}
+
+// clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat (100 on Linux).
+const clockTicks = 100
+
+// procCPU returns the user+system CPU time of process pid (all threads) from /proc/<pid>/stat;
+// 0 for pid 0.
+func procCPU(pid int) time.Duration {
+	if pid == 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		fail(fmt.Errorf("reading the proxy's CPU time: %w", err))
+	}
+	// Fields after the command name (which is in parentheses and may hold spaces): state is
+	// field 3, utime 14, stime 15.
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		fail(fmt.Errorf("unparsable /proc/%d/stat: %q", pid, s))
+	}
+	return time.Duration(ut+st) * time.Second / clockTicks
+}
+
+// process is a proxy the bench started.
+type process struct {
+	target
+	cmd  *exec.Cmd
+	done chan struct{}
+	once sync.Once
+	// stopSignal ends the process gracefully.
+	stopSignal os.Signal
+	cleanup    func()
+}
+
+func track(p *process) {
+	runningMu.Lock()
+	defer runningMu.Unlock()
+	running = append(running, p)
+}
+
+func (p *process) stop() {
+	p.once.Do(func() {
+		_ = p.cmd.Process.Signal(p.stopSignal)
+		select {
+		case <-p.done:
+		case <-time.After(15 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if p.cleanup != nil {
+			p.cleanup()
+		}
+	})
+}
+
+// startOurs re-executes this binary as our proxy in front of broker addr and waits for the
+// address it prints.
+func startOurs(brokerAddr, cpuprofile string, readBuf int) (*process, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self)
+	cmd.Env = append(os.Environ(), childEnv+"="+brokerAddr, "REBATCHPROXY_BENCH_CPUPROFILE="+cpuprofile,
+		"REBATCHPROXY_BENCH_READBUF="+strconv.Itoa(readBuf))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &process{cmd: cmd, done: make(chan struct{}), stopSignal: syscall.SIGTERM}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	track(p)
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), "listening "); ok {
+				addr <- a
+			}
+		}
+	}()
+	select {
+	case a := <-addr:
+		p.target = target{name: "ours", url: "pulsar://" + a, pid: cmd.Process.Pid}
+		return p, nil
+	case <-p.done:
+		return nil, errors.New("exited before listening")
+	case <-time.After(15 * time.Second):
+		p.stop()
+		return nil, errors.New("not listening after 15 s")
+	}
+}
+
+// serveChild is the proxy process: it serves until SIGTERM, optionally profiling its CPU.
+func serveChild(brokerAddr string) {
+	cfg := proxy.DefaultConfig()
+	cfg.Listen, cfg.Brokers = "127.0.0.1:0", []string{brokerAddr}
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if n, _ := strconv.Atoi(os.Getenv("REBATCHPROXY_BENCH_READBUF")); n > 0 {
+		cfg.ReadBufferCap = n
+	}
+	srv, err := proxy.New(cfg)
+	if err != nil {
+		fail(err)
+	}
+	if f := os.Getenv("REBATCHPROXY_BENCH_CPUPROFILE"); f != "" {
+		out, err := os.Create(f)
+		if err != nil {
+			fail(err)
+		}
+		if err := pprof.StartCPUProfile(out); err != nil {
+			fail(err)
+		}
+		defer func() { pprof.StopCPUProfile(); _ = out.Close() }()
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	a := srv.Addr(ctx)
+	cancel()
+	if a == "" {
+		fail(fmt.Errorf("proxy did not start: %v", <-done))
+	}
+	fmt.Println("listening " + a)
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	select {
+	case <-sig:
+	case err := <-done:
+		fail(fmt.Errorf("proxy stopped: %v", err))
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+}
+
+// startJava runs Pulsar's own proxy (bin/pulsar proxy) in front of the broker, on free
+// loopback ports, and waits until its service port accepts connections.
+func startJava(home, brokerURL, brokerWeb, brokerAddr string) (*process, error) {
+	if _, err := os.Stat(filepath.Join(home, "bin", "pulsar")); err != nil {
+		return nil, fmt.Errorf("no Pulsar distribution at %s (e2e/pulsar/pulsar.sh start downloads it): %w", home, err)
+	}
+	_, brokerPort, err := net.SplitHostPort(brokerAddr)
+	if err != nil {
+		return nil, err
+	}
+	servicePort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	webPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "bench-java-proxy-")
+	if err != nil {
+		return nil, err
+	}
+	base, err := os.ReadFile(filepath.Join(home, "conf", "proxy.conf"))
+	if err != nil {
+		return nil, err
+	}
+	// Later keys win in a Java properties file: the distribution's defaults, then ours.
+	conf := string(base) + fmt.Sprintf(`
+# bench overrides
+brokerServiceURL=%s
+brokerWebServiceURL=%s
+servicePort=%d
+webServicePort=%d
+bindAddress=127.0.0.1
+advertisedAddress=127.0.0.1
+clusterName=standalone
+brokerProxyAllowedTargetPorts=%s
+`, brokerURL, brokerWeb, servicePort, webPort, brokerPort)
+	confPath := filepath.Join(dir, "proxy.conf")
+	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+		return nil, err
+	}
+	logf, err := os.Create(filepath.Join(dir, "stdout.log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(filepath.Join(home, "bin", "pulsar"), "proxy")
+	cmd.Env = append(os.Environ(),
+		"PULSAR_PROXY_CONF="+confPath,
+		"PULSAR_LOG_DIR="+dir,
+		"PULSAR_MEM=-Xms512m -Xmx512m -XX:MaxDirectMemorySize=512m",
+		"PULSAR_GC=-XX:+UseG1GC -XX:ParallelGCThreads=2 -XX:ConcGCThreads=1 -XX:+PerfDisableSharedMem",
+	)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &process{cmd: cmd, done: make(chan struct{}), stopSignal: syscall.SIGTERM,
+		cleanup: func() { _ = logf.Close(); _ = os.RemoveAll(dir) }}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	track(p)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(servicePort))
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			_ = c.Close()
+			break
+		}
+		select {
+		case <-p.done:
+			tail, _ := os.ReadFile(filepath.Join(dir, "stdout.log"))
+			p.stop()
+			return nil, fmt.Errorf("exited before listening:\n%s", lastLines(string(tail), 20))
+		case <-time.After(300 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			tail, _ := os.ReadFile(filepath.Join(dir, "stdout.log"))
+			p.stop()
+			return nil, fmt.Errorf("not listening on %s after 90 s:\n%s", addr, lastLines(string(tail), 20))
+		}
+	}
+	p.target = target{name: "java", url: "pulsar://" + addr, pid: cmd.Process.Pid}
+	return p, nil
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(l[max(0, len(l)-n):], "\n")
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// repoRoot is the directory holding go.mod, found upwards from the working directory.
+func repoRoot() string {
+	wd, err := os.Getwd()
+	if err != nil {
+		fail(err)
+	}
+	for dir := wd; ; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		if filepath.Dir(dir) == dir {
+			return wd
+		}
 	}
 }
