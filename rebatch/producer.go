@@ -98,7 +98,7 @@ type Stats struct {
 // clientSend is one CommandSend of the client awaiting its receipt.
 type clientSend struct {
 	sentAt     time.Time
-	placed     bool // its first message is in an open batch or an entry
+	placed     bool   // its first message is in an open batch or an entry
 	adopted    bool   // sent before the engine existed: seq and highest come from its receipt
 	seq        uint64 // CommandSend.sequence_id, echoed verbatim
 	highest    uint64 // CommandSend.highest_sequence_id, echoed when the client set it
