@@ -70,7 +70,7 @@ func main() {
 	flag.Parse()
 	stamp := time.Now().UnixNano()
 	nsOf := func(pol string) string { return fmt.Sprintf("public/rbbench-%s-%d", pol, stamp) }
-	for _, pol := range []string{"direct", "passthrough", "coalesce", "properties"} {
+	for _, pol := range []string{"direct", "passthrough", "coalesce", "merged", "properties"} {
 		if err := admin(http.MethodPut, "/admin/v2/namespaces/"+nsOf(pol), nil); err != nil {
 			fail(fmt.Errorf("create namespace %s: %w", nsOf(pol), err))
 		}
@@ -82,17 +82,19 @@ func main() {
 		{"direct", *brokerURL, nsOf("direct")},
 		{"passthrough", proxyURL, nsOf("passthrough")},
 		{"coalesce", proxyURL, nsOf("coalesce")},
+		{"merged", proxyURL, nsOf("merged")},
 		{"properties", proxyURL, nsOf("properties")},
 	}
 	wls := []workload{
 		{"async x4", 4, false},
 		{"async x1", 1, false},
+		{"sync x64", 64, true},
 		{"sync x16", 16, true},
 		{"sync x1", 1, true},
 	}
 	fmt.Printf("broker %s; proxy in-process at %s; %d-byte unbatched messages; %v per cell; GOMAXPROCS %d (clients, proxy and broker share the machine)\n",
 		*brokerURL, proxyURL, *size, *duration, runtime.GOMAXPROCS(0))
-	fmt.Printf("policies: coalesce and properties with max_delay %v, max_messages %d (0 = default), defaults otherwise; properties restricts region: [us, eu], messages carry region in runs of 50\n\n", *maxDelay, *maxMsgs)
+	fmt.Printf("policies: coalesce and properties with max_delay %v, max_messages %d (0 = default), defaults otherwise (group commit); merged = coalesce with merge_producers and hold_when_idle; properties restricts region: [us, eu], messages carry region in runs of 50\n\n", *maxDelay, *maxMsgs)
 	fmt.Printf("%-9s | %-21s", "workload", "direct msg/s entr/s")
 	for _, tg := range targets[1:] {
 		fmt.Printf(" | %-37s", tg.name+" msg/s (x) entr/s (x) msg/entry")
@@ -118,6 +120,14 @@ func main() {
 	}
 }
 
+// mergedPolicy is coalesce with merge_producers, holding batches for max_delay: the setting
+// for synchronous producers.
+func mergedPolicy() rebatch.Policy {
+	p := policyFor(rebatch.Coalesce)
+	p.MergeProducers, p.HoldWhenIdle = true, true
+	return p
+}
+
 func policyFor(k rebatch.Kind) rebatch.Policy {
 	p := rebatch.Policy{Kind: k, MaxDelay: *maxDelay, MaxMessages: *maxMsgs}
 	if k == rebatch.Properties {
@@ -135,6 +145,7 @@ func startProxy(nsOf func(string) string) (string, func()) {
 	rules := []route.Rule[rebatch.Policy]{
 		{Pattern: nsOf("passthrough") + "/*", Policy: rebatch.Policy{Kind: rebatch.Passthrough}},
 		{Pattern: nsOf("coalesce") + "/*", Policy: policyFor(rebatch.Coalesce)},
+		{Pattern: nsOf("merged") + "/*", Policy: mergedPolicy()},
 		{Pattern: nsOf("properties") + "/*", Policy: policyFor(rebatch.Properties)},
 	}
 	m, err := route.NewMatcher(rules)
