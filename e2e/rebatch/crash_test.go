@@ -154,9 +154,19 @@ func runCrashCase(t *testing.T, b *harness.Broker, tc crashCase) crashResult {
 	var firstErr atomic.Value
 	var wg sync.WaitGroup
 	sendCtx := ctxT(t, 5*time.Minute)
+	// The sender holds its last 40% until the fault has been injected, so the fault always
+	// lands mid-stream however fast the broker acknowledges (an unload's HTTP call can take
+	// longer than sending everything).
+	faulted := make(chan struct{})
 	wg.Add(n)
 	go func() {
 		for i := 0; i < n; i++ {
+			if i == n*6/10 {
+				select {
+				case <-faulted:
+				case <-sendCtx.Done():
+				}
+			}
 			msg := &pulsar.ProducerMessage{Payload: []byte("m-" + strconv.Itoa(i)), Key: "k" + strconv.Itoa(i%16),
 				Properties: map[string]string{"i": strconv.Itoa(i), "region": crashRegion(i)}}
 			prod.SendAsync(sendCtx, msg, func(_ pulsar.MessageID, _ *pulsar.ProducerMessage, err error) {
@@ -190,6 +200,7 @@ func runCrashCase(t *testing.T, b *harness.Broker, tc crashCase) crashResult {
 		}
 	}
 	res.ackedAtFault, res.sentAtFault = acked.Load(), sent.Load()
+	close(faulted)
 	if res.ackedAtFault >= n {
 		t.Fatalf("every message was acknowledged before the fault: the crash did not land mid-stream")
 	}
