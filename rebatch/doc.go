@@ -64,6 +64,13 @@
 //     dropped with them. This is what makes a send that the proxy had split, and that was
 //     only partly stored when a connection or the proxy died, end up stored exactly once.
 //
+// Clients that number batches rather than messages (pulsar-client-go before v0.10 leaves the
+// messages' sequence ids unset: a batch of n messages is one id) are handled as such: their
+// batch may be merged whole with others, never cut, since a second entry with the same id
+// would be a duplicate to the broker and new ids would collide with the client's next ones. A
+// batch of theirs that the policy would have to cut (mixed property groups, several buckets,
+// over max bytes) is forwarded as the client built it.
+//
 // Because the broker producer is the client's, no translation of last_sequence_id is needed.
 //
 // Buckets: one broker producer per bucket, named LaneName(client producer name, bucket), so a

@@ -215,6 +215,9 @@ type Producer struct {
 	zipped    []byte
 	groupKV   []byte
 	groupVals [][]byte
+	// atomic: the send being taken apart numbers its batch as one sequence id (no per-message
+	// ids); mixedSeq: some of its messages have ids and some do not.
+	atomic, mixedSeq bool
 }
 
 // NewProducer returns the engine for one client producer. Under the buckets policy the engine
@@ -379,13 +382,22 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 	// Sequence ids this engine cannot cut safely (key-based client batches), or, on the
 	// client's own producer, a resend of something the broker already has: the broker must
 	// judge the send exactly as the client made it.
-	if !sequential(msgs, s.SequenceID) || (p.ring == nil && int64(hi) <= p.lanes[0].lastPushed) {
+	if p.mixedSeq || !sequential(msgs, s.SequenceID, p.atomic) || (p.ring == nil && int64(hi) <= p.lanes[0].lastPushed) {
 		return p.verbatim(now, f, &s, out)
+	}
+	if p.atomic && len(msgs) > 1 {
+		// A send with one sequence id for all its messages may be merged whole but never
+		// cut: a second entry with the same id would be a duplicate to broker
+		// de-duplication, and inventing ids would collide with the client's next ones. If it
+		// cannot go whole into one entry, it goes as the client built it.
+		if !p.fitsOneEntry(msgs) {
+			return p.verbatim(now, f, &s, out)
+		}
 	}
 	id := p.sendBase + uint64(len(p.sends))
 	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID})
 
-	for _, m := range msgs {
+	for i, m := range msgs {
 		l := p.lanes[0]
 		if len(p.lanes) > 1 && p.lanes[1].shared {
 			l = p.lanes[1]
@@ -404,12 +416,22 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 		// drops it without taking new messages with it.
 		dup := !l.shared && int64(m.seq) <= l.lastPushed
 		group := p.groupOf(m.smm)
+		need, count := 4+len(m.smm)+len(m.payload), 1
+		if p.atomic && len(msgs) > 1 {
+			if i > 0 {
+				p.add(now, l, id, m, group, dup, hash, hasHash)
+				continue // the whole send goes in the batch its first message opened
+			}
+			need, count = p.sendBytes(msgs), len(msgs)
+		}
 		if o := &l.open; o.n > 0 {
 			switch {
 			case o.dup != dup, !p.sameEntryFields(o), !bytes.Equal(group, o.group):
 				p.stats.FlushGroup++
-			case len(o.buf)+4+len(m.smm)+len(m.payload) > p.budget:
+			case len(o.buf)+need > p.budget:
 				p.stats.FlushMaxBytes++
+			case o.n+count > p.cfg.Policy.MaxMessages:
+				p.stats.FlushMaxMessages++
 			default:
 				goto add
 			}
@@ -419,7 +441,7 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 		}
 	add:
 		p.add(now, l, id, m, group, dup, hash, hasHash)
-		if l.open.n >= p.cfg.Policy.MaxMessages {
+		if l.open.n >= p.cfg.Policy.MaxMessages && (!p.atomic || i == len(msgs)-1) {
 			p.stats.FlushMaxMessages++
 			if err := p.flush(l, out); err != nil {
 				return err
@@ -450,6 +472,43 @@ func (p *Producer) flushIdle(l *lane, out *Output) {
 		p.stats.FlushIdle++
 		_ = p.flush(l, out) // a flush error is an encoding bug; the batch stays open for Tick
 	}
+}
+
+// fitsOneEntry reports whether a send's messages can all go in one entry: one lane, one
+// property group, within max bytes and max messages.
+func (p *Producer) fitsOneEntry(msgs []msgRef) bool {
+	if len(msgs) > p.cfg.Policy.MaxMessages || p.sendBytes(msgs) > p.budget {
+		return false
+	}
+	first := string(p.groupOf(msgs[0].smm))
+	lane0 := p.laneIndex(msgs[0].smm)
+	for _, m := range msgs[1:] {
+		if string(p.groupOf(m.smm)) != first || p.laneIndex(m.smm) != lane0 {
+			return false
+		}
+	}
+	return true
+}
+
+// sendBytes is the batch payload size of a send's messages.
+func (p *Producer) sendBytes(msgs []msgRef) int {
+	n := 0
+	for _, m := range msgs {
+		n += 4 + len(m.smm) + len(m.payload)
+	}
+	return n
+}
+
+// laneIndex returns the bucket lane of a message (0 when the policy has no buckets).
+func (p *Producer) laneIndex(smm []byte) int {
+	if p.ring == nil {
+		return 0
+	}
+	var hash uint16
+	if key, ok := messageKey(smm); ok {
+		hash = route.HashB(key)
+	}
+	return 1 + p.ring.Bucket(hash)
 }
 
 // messageKey returns the key hashB is computed from (PIP-486): the ordering key, else the
@@ -487,9 +546,12 @@ func neverMerged(s *wire.Send, md *pulsarpb.MessageMetadata) bool {
 // sequential reports whether the messages' sequence ids rise strictly from the send's own
 // sequence id, which is what lets the engine cut the send into entries with valid
 // de-duplication ranges.
-func sequential(msgs []msgRef, sendSeq uint64) bool {
+func sequential(msgs []msgRef, sendSeq uint64, atomic bool) bool {
 	if msgs[0].seq != sendSeq {
 		return false
+	}
+	if atomic {
+		return true // one id for the whole send, which then must not be cut (see Send)
 	}
 	for i := 1; i < len(msgs); i++ {
 		if msgs[i].seq <= msgs[i-1].seq {
@@ -517,6 +579,7 @@ func (p *Producer) explode(f wire.Frame, s *wire.Send) ([]msgRef, error) {
 		payload = p.unzip
 	}
 	p.msgs = p.msgs[:0]
+	p.atomic, p.mixedSeq = false, false
 	if md.NumMessagesInBatch == nil {
 		// A message sent alone: its own fields move from the outer metadata into a
 		// SingleMessageMetadata, where a batch keeps them.
@@ -543,11 +606,18 @@ func (p *Producer) explode(f wire.Frame, s *wire.Send) ([]msgRef, error) {
 	}
 	n := int(md.GetNumMessagesInBatch())
 	it := batch.NewIterator(payload, n)
+	p.atomic, p.mixedSeq = false, false
 	for i := 0; it.Next(); i++ {
 		m, meta := it.Message(), it.Meta()
-		seq := s.SequenceID + uint64(i)
+		// Clients that number batches, not messages (pulsar-client-go before v0.10), leave
+		// the messages' sequence ids unset: the whole batch is one id in their sequence space.
+		seq := s.SequenceID
 		if meta.HasSequenceID {
 			seq = meta.SequenceID
+			p.mixedSeq = p.mixedSeq || (i > 0 && p.atomic)
+		} else {
+			p.mixedSeq = p.mixedSeq || (i > 0 && !p.atomic)
+			p.atomic = true
 		}
 		p.msgs = append(p.msgs, msgRef{smm: m.Metadata, payload: m.Payload, seq: seq})
 	}

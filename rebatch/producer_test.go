@@ -749,3 +749,61 @@ func TestIdleLaneSendsAtOnceAndBatchesWhileInFlight(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 }
+
+// clientBatchV08 encodes a batch as pulsar-client-go before v0.10 does: one sequence id for
+// the whole batch, none on its messages.
+func clientBatchV08(t testing.TB, seq uint64, msgs []msg) []byte {
+	t.Helper()
+	var buf []byte
+	for _, m := range msgs {
+		smm := &pulsarpb.SingleMessageMetadata{Properties: kvs(m.props), PayloadSize: proto.Int32(int32(len(m.payload)))}
+		var err error
+		if buf, err = batch.AppendNewMessage(buf, smm, []byte(m.payload)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	md := &pulsarpb.MessageMetadata{ProducerName: proto.String("p"), SequenceId: proto.Uint64(seq), PublishTime: proto.Uint64(42),
+		NumMessagesInBatch: proto.Int32(int32(len(msgs))), UncompressedSize: proto.Uint32(uint32(len(buf))), Properties: kvs(msgs[0].props)}
+	f, err := wire.AppendSendFrameMetadata(nil, &wire.Send{ProducerID: pid, SequenceID: seq, NumMessages: int32(len(msgs))}, md, buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// Given batches that carry one sequence id for all their messages (old Go clients),
+// when two homogeneous ones and then a mixed one arrive under the properties policy,
+// then the homogeneous ones are merged whole into an entry whose range is their two ids, and
+// the mixed one, which could only be cut into entries sharing one id, goes unchanged.
+func TestBatchesNumberedAsOneAreMergedWholeNeverCut(t *testing.T) {
+	p := newEngine(t, pip191Policy, -1)
+	eu := map[string]string{"region": "eu"}
+	us := map[string]string{"region": "us"}
+	var out Output
+	send(t, p, clientBatchV08(t, 5, []msg{{props: eu, payload: "a"}, {props: eu, payload: "b"}, {props: eu, payload: "c"}}), &out)
+	send(t, p, clientBatchV08(t, 6, []msg{{props: eu, payload: "d"}, {props: eu, payload: "e"}}), &out)
+	mixed := clientBatchV08(t, 7, []msg{{props: eu, payload: "f"}, {props: us, payload: "g"}})
+	send(t, p, mixed, &out)
+	fs := frames(t, out.Broker)
+	if len(fs) != 2 {
+		t.Fatalf("%d frames, want the merged entry and the mixed batch", len(fs))
+	}
+	e := decodeEntries(t, fs[0].Bytes())[0]
+	if e.send.SequenceID != 5 || e.send.HighestSequenceID != 6 || strings.Join(e.bodies, "") != "abcde" || outerProps(e.md) != "region:eu" {
+		t.Fatalf("merged entry %d..%d %v %q", e.send.SequenceID, e.send.HighestSequenceID, e.bodies, outerProps(e.md))
+	}
+	if !bytes.Equal(fs[1].Bytes(), mixed) {
+		t.Fatal("the mixed batch was cut")
+	}
+	var cout Output
+	for _, r := range []wire.SendReceipt{{ProducerID: pid, SequenceID: 5, HasMessageID: true, LedgerID: 1, EntryID: 1},
+		{ProducerID: pid, SequenceID: 7, HasMessageID: true, LedgerID: 1, EntryID: 2}} {
+		if err := p.Receipt(r, &cout); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := decodeClient(t, cout.Client)
+	if fmt.Sprint(got) != fmt.Sprint([]receipt{{seq: 5, ledger: 1, entry: 1}, {seq: 6, ledger: 1, entry: 1}, {seq: 7, ledger: 1, entry: 2}}) {
+		t.Fatalf("receipts %+v", got)
+	}
+}

@@ -140,9 +140,15 @@ func testLegacy(t *testing.T, pol rebatch.Policy, runs []legacyRun) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// pulsar-client-go before v0.10 gives a batch one sequence id, so the proxy never cuts
+			// such a batch (see rebatch/doc.go): one that mixes groups is stored as the client
+			// built it, outer properties being its first message's (the Go client's own).
+			numbersBatches := name == "go-v0.8.1"
+			clientBuilt := 0
 			next := 0
 			for _, e := range entries {
 				group := ""
+				mixed := false
 				for j, m := range e.Messages {
 					got := ref{m.Properties["run"], -1}
 					got.i, _ = strconv.Atoi(m.Properties["i"])
@@ -162,9 +168,19 @@ func testLegacy(t *testing.T, pol rebatch.Policy, runs []legacyRun) {
 						if j == 0 {
 							group = g
 						} else if g != group {
-							t.Fatalf("entry %d:%d mixes groups %q and %q", e.Ledger, e.Entry, group, g)
+							mixed = true
+							if !numbersBatches {
+								t.Fatalf("entry %d:%d mixes groups %q and %q", e.Ledger, e.Entry, group, g)
+							}
 						}
 					}
+				}
+				if pol.Kind == rebatch.Properties && numbersBatches && mixed {
+					if got, want := mapString(e.Properties), mapString(e.Messages[0].Properties); got != want {
+						t.Fatalf("entry %d:%d mixes groups but is not the client's own batch: outer %q, first message %q", e.Ledger, e.Entry, got, want)
+					}
+					clientBuilt++
+					continue
 				}
 				if pol.Kind == rebatch.Properties {
 					if !e.Batched {
@@ -177,6 +193,9 @@ func testLegacy(t *testing.T, pol rebatch.Policy, runs []legacyRun) {
 			}
 			if next != len(order) {
 				t.Fatalf("broker stored %d messages, sent %d", next, len(order))
+			}
+			if clientBuilt > 0 {
+				t.Logf("%s: %d batches mixing groups stored as the client built them (one sequence id per batch)", name, clientBuilt)
 			}
 			if pol.Kind == rebatch.Coalesce && len(entries)*2 > len(order) {
 				t.Fatalf("%d unbatched messages stored in %d entries: coalesce merged less than 2x", len(order), len(entries))
