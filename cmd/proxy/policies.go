@@ -93,60 +93,34 @@ func parseRule(n *yaml.Node) (route.Rule[rebatch.Policy], error) {
 		bad := func(format string, a ...any) error {
 			return fmt.Errorf("%s (line %d): %s", key, v.Line, fmt.Sprintf(format, a...))
 		}
-		scalar := func() (string, error) {
-			if v.Kind != yaml.ScalarNode {
-				return "", bad("expected a single value")
-			}
-			return v.Value, nil
+		s := v.Value
+		if key != "restricted" && key != "bucket_starts" && v.Kind != yaml.ScalarNode {
+			return r, bad("expected a single value")
 		}
 		switch key {
 		case "topics":
-			s, err := scalar()
-			if err != nil {
-				return r, err
-			}
 			r.Pattern = s
 		case "policy":
-			s, err := scalar()
-			if err != nil {
-				return r, err
-			}
 			r.Policy.Kind = rebatch.Kind(s)
 		case "max_messages":
-			s, err := scalar()
-			if err != nil {
-				return r, err
-			}
 			n, err := strconv.Atoi(s)
 			if err != nil || n <= 0 {
 				return r, bad("%q is not a positive integer", s)
 			}
 			r.Policy.MaxMessages = n
 		case "max_bytes":
-			s, err := scalar()
-			if err != nil {
-				return r, err
-			}
 			var b byteSize
 			if err := b.Set(s); err != nil || b <= 0 {
 				return r, bad("%q is not a positive size", s)
 			}
 			r.Policy.MaxBytes = int(b)
 		case "max_delay":
-			s, err := scalar()
-			if err != nil {
-				return r, err
-			}
 			d, err := time.ParseDuration(s)
 			if err != nil || d <= 0 {
 				return r, bad("%q is not a positive duration", s)
 			}
 			r.Policy.MaxDelay = d
 		case "compression":
-			s, err := scalar()
-			if err != nil {
-				return r, err
-			}
 			c, ok := pulsarpb.CompressionType_value[strings.ToUpper(s)]
 			if !ok {
 				return r, bad("%q: want none, lz4, zlib, zstd or snappy", s)
@@ -154,10 +128,6 @@ func parseRule(n *yaml.Node) (route.Rule[rebatch.Policy], error) {
 			ct := pulsarpb.CompressionType(c)
 			r.Policy.Compression = &ct
 		case "merge_producers", "hold_when_idle":
-			s, err := scalar()
-			if err != nil {
-				return r, err
-			}
 			b, err := strconv.ParseBool(s)
 			if err != nil {
 				return r, bad("%q is not true or false", s)
@@ -168,10 +138,6 @@ func parseRule(n *yaml.Node) (route.Rule[rebatch.Policy], error) {
 				r.Policy.HoldWhenIdle = b
 			}
 		case "buckets":
-			s, err := scalar()
-			if err != nil {
-				return r, err
-			}
 			n, err := strconv.Atoi(s)
 			if err != nil || n <= 0 {
 				return r, bad("%q is not a positive integer", s)
