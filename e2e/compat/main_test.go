@@ -1,13 +1,11 @@
 package compat
 
 import (
-	"bytes"
 	"flag"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
@@ -22,28 +20,10 @@ var (
 
 func TestMain(m *testing.M) { os.Exit(harness.Run(m, harness.Options{})) }
 
-// logBuffer collects a proxy's log lines for failure reports.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // startProxy runs the proxy in-process in front of b (harness.StartProxy), logging warnings to
 // the returned buffer, and returns its pulsar:// URL and a function that stops it.
-func startProxy(b *harness.Broker) (string, *logBuffer, func(), error) {
-	logs := &logBuffer{}
+func startProxy(b *harness.Broker) (string, *harness.LogBuffer, func(), error) {
+	logs := &harness.LogBuffer{}
 	p, err := harness.StartProxy(b.ServiceURL, func(c *proxy.Config) {
 		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	})

@@ -208,7 +208,7 @@ func TestMatrix(t *testing.T) {
 	e.url = url
 	e.bad = harness.SignToken([]byte("not-the-broker-key-not-the-broker-key"), "compat")
 	var tokStop func()
-	var tokLogs *logBuffer
+	var tokLogs *harness.LogBuffer
 	go func() {
 		defer close(e.tokReady)
 		e.tok, e.tokErr = harness.StartBroker(harness.Options{TokenAuth: true, MaxMessageSize: 64 << 10})

@@ -132,7 +132,7 @@ func TestBadInputClosesOnlyThatConnection(t *testing.T) {
 			}
 
 			waitClosed(t, raw)
-			logs.waitFor(t, tc.log)
+			logs.WaitFor(t, tc.log)
 			if _, err := p.Send(ctxT(t, 10*time.Second), &pulsar.ProducerMessage{Payload: []byte(tc.name)}); err != nil {
 				t.Fatalf("the other client was disturbed: %v", err)
 			}
@@ -153,7 +153,7 @@ func TestBadInputClosesOnlyThatConnection(t *testing.T) {
 			t.Fatalf("got %v", cmd)
 		}
 		waitClosed(t, raw)
-		logs.waitFor(t, "target broker cannot be validated")
+		logs.WaitFor(t, "target broker cannot be validated")
 		if _, err := p.Send(ctxT(t, 10*time.Second), &pulsar.ProducerMessage{Payload: []byte("after")}); err != nil {
 			t.Fatalf("the other client was disturbed: %v", err)
 		}

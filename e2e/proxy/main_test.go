@@ -4,12 +4,10 @@
 package proxy_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -24,38 +22,10 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(harness.Run(m, harness.Options{})) }
 
-// logBuffer collects the proxy's log lines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func (l *logBuffer) waitFor(t *testing.T, s string) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if strings.Contains(l.String(), s) {
-			return
-		}
-	}
-	t.Fatalf("proxy log has no %q:\n%s", s, l.String())
-}
-
 // startProxy runs a proxy in front of b and returns its pulsar:// URL and its log.
-func startProxy(t *testing.T, b *harness.Broker) (string, *logBuffer) {
+func startProxy(t *testing.T, b *harness.Broker) (string, *harness.LogBuffer) {
 	t.Helper()
-	logs := &logBuffer{}
+	logs := &harness.LogBuffer{}
 	px, err := harness.StartProxy(b.ServiceURL, func(c *proxy.Config) {
 		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	})
