@@ -22,7 +22,7 @@ func (p *Producer) SendTagged(now time.Time, f wire.Frame, tag uint64, out *Outp
 	if s.ProducerID != p.cfg.ProducerID {
 		return ErrWrongProducer
 	}
-	if len(p.sends) >= p.cfg.MaxPendingSends {
+	if p.Pending() >= p.cfg.MaxPendingSends {
 		return ErrTooManyPending
 	}
 	p.stats.ClientSends++
@@ -44,23 +44,23 @@ func (p *Producer) Hold(now time.Time, f wire.Frame, out *Output) (uint64, error
 	if s.ProducerID != p.cfg.ProducerID {
 		return 0, ErrWrongProducer
 	}
-	if len(p.sends) >= p.cfg.MaxPendingSends {
+	if p.Pending() >= p.cfg.MaxPendingSends {
 		return 0, ErrTooManyPending
 	}
 	if err := p.flushAll(out); err != nil {
 		return 0, err
 	}
 	p.stats.ClientSends++
-	id := p.sendBase + uint64(len(p.sends))
+	id := p.sendBase + uint64(p.Pending())
 	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID, parts: 1})
 	return id, nil
 }
 
 func (p *Producer) held(id uint64) *clientSend {
-	if id < p.sendBase || id >= p.sendBase+uint64(len(p.sends)) {
+	if id < p.sendBase || id >= p.sendBase+uint64(p.Pending()) {
 		return nil
 	}
-	return &p.sends[id-p.sendBase]
+	return p.send(id)
 }
 
 // Resolve answers a held send with a receipt at ledger:entry, in its turn.
@@ -97,7 +97,7 @@ func (p *Producer) Promote(id uint64, f wire.Frame, tag uint64, out *Output) err
 	}
 	l := p.lanes[0]
 	hi := max(s.SequenceID, s.HighestSequenceID)
-	l.entries = append(l.entries, inflight{lo: s.SequenceID, hi: hi, refs: []sendRef{{p, id, true}}, tag: tag})
+	l.push(inflight{lo: s.SequenceID, hi: hi, one: sendRef{p, id, true}, tag: tag})
 	l.lastPushed = max(l.lastPushed, int64(hi))
 	out.Broker = append(out.Broker, f.Bytes()...)
 	p.stats.EntriesVerbatim++

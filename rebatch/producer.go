@@ -116,9 +116,12 @@ type clientSend struct {
 // that have messages in it.
 type inflight struct {
 	lo, hi  uint64
-	adopted bool      // matches any receipt: a send from before the engine existed
-	refs    []sendRef // the client sends with messages in the entry
-	tag     uint64    // non-zero for a tagged verbatim send (a tracked chunk), see SendTagged
+	adopted bool // matches any receipt: a send from before the engine existed
+	// The client sends with messages in the entry: one (the common case, kept inline so a
+	// verbatim or single-send entry costs no allocation), or more.
+	one  sendRef
+	more []sendRef
+	tag  uint64 // non-zero for a tagged verbatim send (a tracked chunk), see SendTagged
 }
 
 // msgRef is one message of the send being taken apart; slices alias the client's frame or the
@@ -171,7 +174,8 @@ type lane struct {
 	producerID uint64
 	name       string
 	open       openBatch
-	entries    []inflight
+	entries    []inflight // in flight, oldest first; see push and pop
+	base       []inflight // the array entries lives in, from its start, reused once empty
 	// lastPushed is the highest sequence id sent under this producer, as the broker's
 	// de-duplication records it (max of sequence_id and highest_sequence_id).
 	lastPushed int64
@@ -199,8 +203,9 @@ type Producer struct {
 	// re-creates the producer under the same id and resends.
 	dead bool
 
-	// sends[i] is client send number sendBase+i.
+	// sends[sendHead+i] is client send number sendBase+i; sends[:sendHead] are retired.
 	sends    []clientSend
+	sendHead int
 	sendBase uint64
 
 	stats Stats
@@ -264,9 +269,29 @@ func NewProducer(cfg Config) (*Producer, error) {
 	}
 	for i := 0; i < cfg.Adopt; i++ {
 		p.sends = append(p.sends, clientSend{adopted: true, parts: 1})
-		p.lanes[0].entries = append(p.lanes[0].entries, inflight{adopted: true, refs: []sendRef{{p, uint64(i), true}}})
+		p.lanes[0].push(inflight{adopted: true, one: sendRef{p, uint64(i), true}})
 	}
 	return p, nil
+}
+
+// push appends an entry in flight. When the array grows, base follows it.
+func (l *lane) push(e inflight) {
+	c := cap(l.entries)
+	l.entries = append(l.entries, e)
+	if cap(l.entries) != c {
+		l.base = l.entries
+	}
+}
+
+// pop retires the oldest entry in flight; once none is left the array is reused from its
+// start, so steady traffic does not allocate.
+func (l *lane) pop() inflight {
+	e := l.entries[0]
+	l.entries = l.entries[1:]
+	if len(l.entries) == 0 {
+		l.entries = l.base[:0]
+	}
+	return e
 }
 
 // LaneName is the broker producer name of bucket i of a client producer. It is derived from
@@ -280,7 +305,20 @@ func LaneName(clientProducer string, bucket int) string {
 func (p *Producer) Stats() Stats { return p.stats }
 
 // Pending returns the number of client sends awaiting their receipt.
-func (p *Producer) Pending() int { return len(p.sends) }
+func (p *Producer) Pending() int { return len(p.sends) - p.sendHead }
+
+// send returns client send number id, which must be pending.
+func (p *Producer) send(id uint64) *clientSend { return &p.sends[p.sendHead+int(id-p.sendBase)] }
+
+// popSend retires the oldest pending send. The queue's array is reused from its start once
+// empty, so a steady stream of sends and receipts does not allocate.
+func (p *Producer) popSend() {
+	p.sendHead++
+	p.sendBase++
+	if p.sendHead == len(p.sends) {
+		p.sends, p.sendHead = p.sends[:0], 0
+	}
+}
 
 // Deadline returns when the earliest open batch must be flushed by Tick, if one is open.
 func (p *Producer) Deadline() (time.Time, bool) {
@@ -345,7 +383,7 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 	if s.ProducerID != p.cfg.ProducerID {
 		return ErrWrongProducer
 	}
-	if len(p.sends) >= p.cfg.MaxPendingSends {
+	if p.Pending() >= p.cfg.MaxPendingSends {
 		return ErrTooManyPending
 	}
 	if !f.HasPayload() {
@@ -394,7 +432,7 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 			return p.verbatim(now, f, &s, out)
 		}
 	}
-	id := p.sendBase + uint64(len(p.sends))
+	id := p.sendBase + uint64(p.Pending())
 	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID})
 
 	for i, m := range msgs {
@@ -719,7 +757,7 @@ func (p *Producer) add(now time.Time, l *lane, id uint64, m msgRef, group []byte
 		o.lo, o.hi = l.seqNext-uint64(o.n-1), l.seqNext
 		l.seqNext++
 	}
-	cs := &p.sends[id-p.sendBase]
+	cs := p.send(id)
 	if k := len(o.sends); k > 0 && o.sends[k-1].id == id && o.sends[k-1].p == p {
 		o.sends[k-1].n++
 	} else {
@@ -800,14 +838,19 @@ func (p *Producer) flush(l *lane, out *Output) error {
 	if err != nil {
 		return err
 	}
-	refs := make([]sendRef, len(o.sends))
+	e := inflight{lo: o.lo, hi: o.hi, one: o.sends[0].sendRef}
+	if len(o.sends) > 1 {
+		e.more = make([]sendRef, len(o.sends))
+	}
 	for i, sc := range o.sends {
-		refs[i] = sc.sendRef
-		cs := &sc.p.sends[sc.id-sc.p.sendBase]
+		if e.more != nil {
+			e.more[i] = sc.sendRef
+		}
+		cs := sc.p.send(sc.id)
 		cs.parts++
 		cs.unflushed -= sc.n
 	}
-	l.entries = append(l.entries, inflight{lo: o.lo, hi: o.hi, refs: refs})
+	l.push(e)
 	l.lastPushed = max(l.lastPushed, int64(o.hi))
 	p.stats.EntriesBuilt++
 	if p.cfg.OnEntry != nil {
@@ -834,10 +877,10 @@ func (p *Producer) verbatim(now time.Time, f wire.Frame, s *wire.Send, out *Outp
 		return err
 	}
 	l := p.lanes[0]
-	id := p.sendBase + uint64(len(p.sends))
+	id := p.sendBase + uint64(p.Pending())
 	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID, parts: 1})
 	hi := max(s.SequenceID, s.HighestSequenceID)
-	l.entries = append(l.entries, inflight{lo: s.SequenceID, hi: hi, refs: []sendRef{{p, id, true}}})
+	l.push(inflight{lo: s.SequenceID, hi: hi, one: sendRef{p, id, true}})
 	l.lastPushed = max(l.lastPushed, int64(hi))
 	out.Broker = append(out.Broker, f.Bytes()...)
 	p.stats.EntriesVerbatim++
@@ -869,26 +912,36 @@ func (p *Producer) Receipt(r wire.SendReceipt, out *Output) error {
 	if l == nil || len(l.entries) == 0 || (!l.entries[0].adopted && l.entries[0].lo != r.SequenceID) {
 		return fmt.Errorf("%w: producer %d sequence id %d", ErrUnexpectedReceipt, r.ProducerID, r.SequenceID)
 	}
-	e := l.entries[0]
-	l.entries = l.entries[1:]
+	e := l.pop()
 	if e.adopted {
-		cs := &p.sends[e.refs[0].id-p.sendBase]
+		cs := p.send(e.one.id)
 		cs.seq, cs.highest = r.SequenceID, r.HighestSequenceID
 	}
 	if e.tag != 0 && p.cfg.OnTagged != nil {
 		p.cfg.OnTagged(e.tag, r.LedgerID, r.EntryID, false)
 	}
-	for _, ref := range e.refs {
-		cs := &ref.p.sends[ref.id-ref.p.sendBase]
+	var buf [1]sendRef
+	refs := e.refs(&buf)
+	for _, ref := range refs {
+		cs := ref.p.send(ref.id)
 		cs.parts--
 		if ref.first {
 			// Contract 2: the receipt names the entry holding the send's first message.
 			cs.hasID, cs.ledger, cs.entry = true, r.LedgerID, r.EntryID
 		}
 	}
-	releaseAll(e.refs, out)
+	releaseAll(refs, out)
 	p.flushIdle(l, out)
 	return nil
+}
+
+// refs returns the entry's sends, using buf (the caller's, on its stack) for the single case.
+func (e *inflight) refs(buf *[1]sendRef) []sendRef {
+	if e.more != nil {
+		return e.more
+	}
+	buf[0] = e.one
+	return buf[:]
 }
 
 // releaseAll releases the due receipts of every engine an entry concerned.
@@ -910,35 +963,35 @@ func (p *Producer) SendError(producerID, seq uint64, code pulsarpb.ServerError, 
 	if l == nil || len(l.entries) == 0 || (!l.entries[0].adopted && l.entries[0].hi != seq && l.entries[0].lo != seq) {
 		return fmt.Errorf("%w: send error for producer %d sequence id %d", ErrUnexpectedReceipt, producerID, seq)
 	}
-	e := l.entries[0]
-	l.entries = l.entries[1:]
+	e := l.pop()
 	if e.adopted {
-		p.sends[e.refs[0].id-p.sendBase].seq = seq
+		p.send(e.one.id).seq = seq
 	}
 	if e.tag != 0 && p.cfg.OnTagged != nil {
 		p.cfg.OnTagged(e.tag, 0, 0, true)
 	}
-	for _, ref := range e.refs {
-		cs := &ref.p.sends[ref.id-ref.p.sendBase]
+	var buf [1]sendRef
+	refs := e.refs(&buf)
+	for _, ref := range refs {
+		cs := ref.p.send(ref.id)
 		cs.parts--
 		if !cs.failed {
 			cs.failed, cs.errCode, cs.errMessage = true, code, message
 		}
 	}
-	releaseAll(e.refs, out)
+	releaseAll(refs, out)
 	return nil
 }
 
 // release writes the receipts (or errors) of the oldest sends that are complete.
 func (p *Producer) release(out *Output) {
-	for len(p.sends) > 0 {
-		cs := &p.sends[0]
+	for p.Pending() > 0 {
+		cs := &p.sends[p.sendHead]
 		if cs.parts > 0 || cs.unflushed > 0 {
 			return
 		}
 		if p.dead {
-			p.sends = p.sends[1:]
-			p.sendBase++
+			p.popSend()
 			continue
 		}
 		if cs.failed {
@@ -955,7 +1008,6 @@ func (p *Producer) release(out *Output) {
 				p.cfg.OnReceipt(cs.sentAt)
 			}
 		}
-		p.sends = p.sends[1:]
-		p.sendBase++
+		p.popSend()
 	}
 }

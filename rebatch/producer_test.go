@@ -807,3 +807,29 @@ func TestBatchesNumberedAsOneAreMergedWholeNeverCut(t *testing.T) {
 		t.Fatalf("receipts %+v", got)
 	}
 }
+
+// Given a passthrough producer's tracking engine (as after its first chunk),
+// when sends and their receipts go through it in steady state,
+// then nothing is allocated per send (DESIGN.md: no per-frame allocation in steady state).
+func TestTrackOnlySteadyStateDoesNotAllocate(t *testing.T) {
+	p, err := NewProducer(Config{TrackOnly: true, ProducerID: pid, ProducerName: "p", LastSequenceID: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := frame(t, clientSingle(t, msg{payload: "x", seq: 3}))
+	r := wire.SendReceipt{ProducerID: pid, SequenceID: 3, HasMessageID: true, LedgerID: 1, EntryID: 2}
+	var out Output
+	step := func() {
+		if err := p.Send(t0, f, &out); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Receipt(r, &out); err != nil {
+			t.Fatal(err)
+		}
+		out.Broker, out.Client = out.Broker[:0], out.Client[:0]
+	}
+	step() // warm the buffers
+	if n := testing.AllocsPerRun(1000, step); n != 0 {
+		t.Fatalf("%v allocations per send and receipt", n)
+	}
+}
