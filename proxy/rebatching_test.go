@@ -1,0 +1,160 @@
+package proxy
+
+import (
+	"io"
+	"log/slog"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rebatchproxy/rebatchproxy/chunkdedup"
+	"github.com/rebatchproxy/rebatchproxy/rebatch"
+	"github.com/rebatchproxy/rebatchproxy/route"
+	"github.com/rebatchproxy/rebatchproxy/wire"
+	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
+)
+
+// capture is an Outputs that records what the path wrote.
+type capture struct{ broker, client []*pulsarpb.BaseCommand }
+
+func decodeAll(t *testing.T, b []byte) []*pulsarpb.BaseCommand {
+	t.Helper()
+	var out []*pulsarpb.BaseCommand
+	for len(b) > 0 {
+		f, n, err := wire.ReadFrame(b, 5<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := &pulsarpb.BaseCommand{}
+		if err := wire.DecodeCommand(f, cmd); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, cmd)
+		b = b[n:]
+	}
+	return out
+}
+
+type captureOut struct {
+	t *testing.T
+	c *capture
+}
+
+func (o captureOut) ToBroker(b []byte) { o.c.broker = append(o.c.broker, decodeAll(o.t, b)...) }
+func (o captureOut) ToClient(b []byte) { o.c.client = append(o.c.client, decodeAll(o.t, b)...) }
+
+func cmdFrame(t *testing.T, cmd *pulsarpb.BaseCommand) wire.Frame {
+	t.Helper()
+	b, err := wire.AppendCommandFrame(nil, cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, _, err := wire.ReadFrame(b, 5<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// bucketsPath returns a path with a two-bucket policy for topic a/b/t whose client producer 7
+// (request 3) the broker has just accepted; it returns the lane PRODUCER commands sent.
+func bucketsPath(t *testing.T) (ProducerPath, *capture, []*pulsarpb.CommandProducer) {
+	t.Helper()
+	m, err := route.NewMatcher([]route.Rule[rebatch.Policy]{{Pattern: "a/b/*", Policy: rebatch.Policy{Kind: rebatch.Buckets, Buckets: 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := RebatchPaths(NewPolicies(m), nil, NewChunkDedup(chunkdedup.Config{}), slog.New(slog.NewTextHandler(io.Discard, nil)))(ConnInfo{ID: 1, MaxMessageSize: 5 << 20})
+	c := &capture{}
+	out := captureOut{t, c}
+	v, err := p.FromClient(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER.Enum(), Producer: &pulsarpb.CommandProducer{
+		Topic: proto.String("persistent://a/b/t"), ProducerId: proto.Uint64(7), RequestId: proto.Uint64(3)}}), out)
+	if err != nil || v != Forward {
+		t.Fatalf("PRODUCER: %v %v", v, err)
+	}
+	v, err = p.FromBroker(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER_SUCCESS.Enum(), ProducerSuccess: &pulsarpb.CommandProducerSuccess{
+		RequestId: proto.Uint64(3), ProducerName: proto.String("p"), LastSequenceId: proto.Int64(4)}}), out)
+	if err != nil || v != Consumed {
+		t.Fatalf("PRODUCER_SUCCESS must wait for the bucket producers: %v %v", v, err)
+	}
+	var lanes []*pulsarpb.CommandProducer
+	for _, cmd := range c.broker {
+		if cmd.GetType() == pulsarpb.BaseCommand_PRODUCER {
+			lanes = append(lanes, cmd.GetProducer())
+		}
+	}
+	if len(lanes) != 2 || len(c.client) != 0 {
+		t.Fatalf("%d lane PRODUCERs, %d frames to the client", len(lanes), len(c.client))
+	}
+	return p, c, lanes
+}
+
+// Given a buckets producer whose bucket producers are being created,
+// when the broker accepts them (persisted up to 9 on one of them),
+// then the client gets exactly one PRODUCER_SUCCESS, for its own request, with
+// last_sequence_id 9 (contract 4), and the lanes' successes never reach it (contract 5).
+func TestBucketProducersReadyReleaseTheClientsSuccess(t *testing.T) {
+	p, c, lanes := bucketsPath(t)
+	out := captureOut{t, c}
+	for i, l := range lanes {
+		v, err := p.FromBroker(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER_SUCCESS.Enum(), ProducerSuccess: &pulsarpb.CommandProducerSuccess{
+			RequestId: l.RequestId, ProducerName: l.ProducerName, LastSequenceId: proto.Int64(int64(9 - 9*i))}}), out)
+		if err != nil || v != Consumed {
+			t.Fatalf("lane %d success: %v %v", i, v, err)
+		}
+	}
+	if len(c.client) != 1 || c.client[0].GetType() != pulsarpb.BaseCommand_PRODUCER_SUCCESS {
+		t.Fatalf("client got %v", c.client)
+	}
+	if ps := c.client[0].GetProducerSuccess(); ps.GetRequestId() != 3 || ps.GetLastSequenceId() != 9 {
+		t.Fatalf("client's success %v", ps)
+	}
+}
+
+// Given a ready buckets producer,
+// when the broker closes one of its bucket producers (an unload), and then answers requests
+// the path made itself,
+// then the client is told to close its own producer 7, never the bucket producer's id, and
+// the answers to the path's requests are not forwarded (contract 5).
+func TestBucketProducerClosedClosesTheClientsProducerOnly(t *testing.T) {
+	p, c, lanes := bucketsPath(t)
+	out := captureOut{t, c}
+	for _, l := range lanes {
+		if _, err := p.FromBroker(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER_SUCCESS.Enum(), ProducerSuccess: &pulsarpb.CommandProducerSuccess{
+			RequestId: l.RequestId, ProducerName: l.ProducerName, LastSequenceId: proto.Int64(-1)}}), out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.client, c.broker = nil, nil
+
+	v, err := p.FromBroker(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_PRODUCER.Enum(), CloseProducer: &pulsarpb.CommandCloseProducer{
+		ProducerId: lanes[0].ProducerId, RequestId: proto.Uint64(50)}}), out)
+	if err != nil || v != Consumed {
+		t.Fatalf("lane close: %v %v (the connection must stay up)", v, err)
+	}
+	if len(c.client) != 1 || c.client[0].GetCloseProducer().GetProducerId() != 7 {
+		t.Fatalf("client got %v, want one CLOSE_PRODUCER for its producer 7", c.client)
+	}
+	// The broker then answers the path's own CLOSE_PRODUCERs, and closes producer 7 itself.
+	var own []uint64
+	for _, cmd := range c.broker {
+		if cp := cmd.GetCloseProducer(); cp != nil {
+			own = append(own, cp.GetRequestId())
+		}
+	}
+	if len(own) == 0 {
+		t.Fatal("the path did not close its producers on the broker")
+	}
+	c.client = nil
+	for _, req := range own {
+		v, err := p.FromBroker(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_SUCCESS.Enum(), Success: &pulsarpb.CommandSuccess{RequestId: proto.Uint64(req)}}), out)
+		if err != nil || v != Consumed {
+			t.Fatalf("answer to own request %d: %v %v", req, v, err)
+		}
+	}
+	v, err = p.FromBroker(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_PRODUCER.Enum(), CloseProducer: &pulsarpb.CommandCloseProducer{
+		ProducerId: proto.Uint64(7), RequestId: proto.Uint64(51)}}), out)
+	if err != nil || v != Consumed || len(c.client) != 0 {
+		t.Fatalf("broker's own close of 7: %v %v, client got %v; want it swallowed (the client was told already)", v, err, c.client)
+	}
+}
