@@ -65,10 +65,27 @@
 //     HandshakeTimeout. No traffic either way: IdleTimeout. gnet has no
 //     deadlines; OnTick checks a coarse clock and asks the loop to close.
 //     Closing either side closes the other after flushing what was queued.
-//  7. Hot path. Per forwarded frame: the wire.ReadFrame header walk, a type
-//     switch and two atomic counter adds; no allocation, no decode. Only
+//  7. Hot path. Per forwarded frame: the wire.ReadFrame header walk (or
+//     wire.ReadHead for a frame cut through, contract 8), a type switch and
+//     two atomic counter adds; no allocation, no decode. Only
 //     CONNECT, CONNECTED, LOOKUP_RESPONSE, PRODUCER, SUBSCRIBE and
 //     SEND_ERROR are decoded (rare frames, for routing and logs).
+//  8. Cut-through. A frame is normally forwarded once all of it has been
+//     read. A MESSAGE, and a SEND that the ProducerPath lets go on from its
+//     command alone (HeadForwarder: a passthrough producer's send that is
+//     not a chunk), is forwarded as its bytes arrive instead: once the
+//     frame's command is buffered, what has arrived is written and the
+//     rest is passed straight from gnet's read buffer to the peer as it
+//     comes, without being gathered first. That saves the copies of
+//     gathering a large frame across reads and the wait for its last byte.
+//     While such a frame is in transit towards a side, frames the proxy
+//     writes itself towards that side (a re-batched entry, an answer) are
+//     held, bounded by HardBufferLimit, and written right after its last
+//     byte, so no frame is ever cut by another. The CRC is the receiver's
+//     to check, as for every forwarded frame. If the source closes in the
+//     middle, the peer has received part of a frame and is closed too
+//     (ErrTruncated is logged); duplicate-chunk draining is skipped then,
+//     since the broker side cannot carry another frame.
 //
 // # Goroutines
 //

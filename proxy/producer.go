@@ -52,6 +52,18 @@ type ProducerPath interface {
 	Close()
 }
 
+// HeadForwarder is implemented by a ProducerPath that can let some SEND
+// frames go on from their Head alone, before their metadata and payload
+// have arrived, so a large frame is forwarded as its bytes come in
+// (cut-through) instead of after the last one. ForwardHead returning true
+// means exactly what FromClient returning Forward would have meant for the
+// whole frame: the path has accounted for it, and FromClient is not called
+// for it. False means the connection waits for the whole frame and calls
+// FromClient. Called on the connection's event loop.
+type HeadForwarder interface {
+	ForwardHead(h wire.Head) bool
+}
+
 // ConnInfo describes a connection to a ProducerPathFactory.
 type ConnInfo struct {
 	ID         uint64 // proxy-wide connection id, as logged
@@ -74,6 +86,9 @@ func (Passthrough) FromClient(wire.Frame, Outputs) (Verdict, error) { return For
 
 // FromBroker implements ProducerPath; it forwards every frame.
 func (Passthrough) FromBroker(wire.Frame, Outputs) (Verdict, error) { return Forward, nil }
+
+// ForwardHead implements HeadForwarder; every SEND goes on unchanged.
+func (Passthrough) ForwardHead(wire.Head) bool { return true }
 
 // Tick implements ProducerPath; passthrough has nothing timed.
 func (Passthrough) Tick(time.Time, Outputs) error { return nil }

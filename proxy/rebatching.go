@@ -295,6 +295,24 @@ func (r *rebatchPath) FromClient(f wire.Frame, out Outputs) (Verdict, error) {
 	return Forward, nil
 }
 
+// ForwardHead implements HeadForwarder: a SEND of a producer without an
+// engine (passthrough) that is not a chunk goes on from its command alone,
+// accounted as FromClient accounts it. Chunks wait whole (duplicate removal
+// reads their metadata) and so do sends of rewriting producers.
+func (r *rebatchPath) ForwardHead(h wire.Head) bool {
+	s, err := wire.ParseSendHead(h)
+	if err != nil || (s.IsChunk && r.chunks != nil) {
+		return false
+	}
+	if _, ok := r.producers[s.ProducerID]; ok {
+		return false
+	}
+	if info := r.known[s.ProducerID]; info != nil {
+		info.inflight++
+	}
+	return true
+}
+
 func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 	switch f.Type() {
 	case pulsarpb.BaseCommand_PRODUCER_SUCCESS:

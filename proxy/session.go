@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -88,6 +89,13 @@ type session struct {
 	pumpOff  int
 	pumpDir  direction
 	pumpFail error
+
+	// Cut-through (contract 8). through[d] counts the bytes still to come
+	// from the source of direction d of a frame whose start has already
+	// been forwarded; held[d] keeps the frames the proxy itself writes
+	// towards that side meanwhile, so none lands inside that frame.
+	through [2]int
+	held    [2][]byte
 }
 
 func newSession(srv *Server, c gnet.Conn) *session {
@@ -269,6 +277,18 @@ func (s *session) pump(src gnet.Conn, d direction) gnet.Action {
 	if avail == 0 {
 		return gnet.None
 	}
+	if s.through[d] > 0 {
+		if dst != nil && dst.OutboundBuffered() > s.srv.cfg.SoftBufferLimit {
+			s.setPaused(d, true)
+			return s.checkHard(src, dst, d, avail)
+		}
+		if err := s.passThrough(src, dst, d, min(avail, s.through[d])); err != nil {
+			return s.fail(err)
+		}
+		if avail = src.InboundBuffered(); avail == 0 {
+			return gnet.None
+		}
+	}
 	if avail < s.need[d] {
 		return s.checkHard(src, dst, d, avail)
 	}
@@ -287,10 +307,9 @@ loop:
 	for s.pumpOff < len(buf) {
 		f, n, err := wire.ReadFrame(buf[s.pumpOff:], s.maxMsg)
 		if err == wire.ErrIncomplete {
-			if l, err := wire.FrameLen(buf[s.pumpOff:], s.maxMsg); err == nil {
-				s.need[d] = l
-			} else {
-				s.need[d] = 4
+			if l, ok := s.cutThrough(d, buf[s.pumpOff:]); ok {
+				s.through[d] = l - (len(buf) - s.pumpOff)
+				s.pumpOff = len(buf)
 			}
 			break
 		}
@@ -341,6 +360,76 @@ loop:
 	return action
 }
 
+// cutThrough decides whether the incomplete frame at the start of b goes
+// on as its bytes arrive; it returns the frame's length if so. Only SEND
+// (when the producer path agrees from the command alone) and MESSAGE
+// qualify: the frames that are large, and that the proxy forwards
+// unchanged. Otherwise it sets need[d] to the bytes to wait for: the
+// command when a decision may still come from it, else the whole frame.
+// Runs on the loop.
+func (s *session) cutThrough(d direction, b []byte) (int, bool) {
+	l, err := wire.FrameLen(b, s.maxMsg)
+	if err != nil {
+		s.need[d] = 4
+		return 0, false
+	}
+	s.need[d] = l
+	if s.state != stEstablished || len(b) < 8 {
+		if s.state == stEstablished {
+			s.need[d] = min(l, 8)
+		}
+		return 0, false
+	}
+	h, err := wire.ReadHead(b, s.maxMsg)
+	if err == wire.ErrIncomplete {
+		s.need[d] = min(l, 8+int(binary.BigEndian.Uint32(b[4:])))
+		return 0, false
+	}
+	if err != nil {
+		return 0, false // ReadFrame reports it once the frame is whole
+	}
+	switch {
+	case d == toClient && h.Type == pulsarpb.BaseCommand_MESSAGE:
+	case d == toBroker && h.Type == pulsarpb.BaseCommand_SEND:
+		hf, ok := s.path.(HeadForwarder)
+		if !ok || !hf.ForwardHead(h) {
+			return 0, false
+		}
+	default:
+		return 0, false
+	}
+	s.need[d] = 0
+	s.srv.m.countFrame(s.shard, d, h.Type, h.Len)
+	return h.Len, true
+}
+
+// passThrough forwards the next k bytes of a cut-through frame from src to
+// dst straight from gnet's read buffer, and releases the frames held while
+// it was open once its last byte is out. Runs on the loop.
+func (s *session) passThrough(src, dst gnet.Conn, d direction, k int) error {
+	buf, err := src.Peek(k)
+	if err != nil {
+		return err
+	}
+	if !(s.clientGone && d == toClient) {
+		if _, err := dst.Write(buf); err != nil {
+			return err
+		}
+	}
+	_, _ = src.Discard(k)
+	s.through[d] -= k
+	if s.through[d] == 0 && len(s.held[d]) > 0 {
+		held := s.held[d]
+		s.held[d] = held[:0]
+		if !(s.clientGone && d == toClient) {
+			if _, err := dst.Write(held); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // flushRun writes the pending run of forwarded frames to the peer.
 func (s *session) flushRun() {
 	if s.clientGone && s.pumpDir == toClient {
@@ -388,6 +477,17 @@ func (s *session) writeOut(d direction, b []byte) {
 	}
 	if t, ok := frameType(b); ok {
 		s.srv.m.countFrame(s.shard, d, t, len(b))
+	}
+	if s.through[d] > 0 {
+		// A frame is being cut through towards dst: this one follows it.
+		if len(s.held[d])+len(b) > s.hardLimit {
+			if s.pumpFail == nil {
+				s.pumpFail = fmt.Errorf("%w: %d bytes held behind a frame in transit %s", ErrBufferLimit, len(s.held[d])+len(b), d)
+			}
+			return
+		}
+		s.held[d] = append(s.held[d], b...)
+		return
 	}
 	if _, err := dst.Write(b); err != nil && s.pumpFail == nil {
 		s.pumpFail = err
@@ -830,7 +930,7 @@ func (s *session) onClose(e *end, c gnet.Conn, err error) {
 	if s.state == stClosed {
 		return
 	}
-	if e.dir == toBroker && s.state == stEstablished && s.broker != nil && !s.clientGone && s.chunksInFlight() {
+	if e.dir == toBroker && s.state == stEstablished && s.broker != nil && !s.clientGone && s.through[toBroker] == 0 && s.chunksInFlight() {
 		// The client left with chunks unacknowledged. Their receipts tell
 		// duplicate-chunk removal where they were stored, so the copies the
 		// client resends on its next connection are answered, not stored
@@ -862,6 +962,8 @@ func (s *session) onClose(e *end, c gnet.Conn, err error) {
 	if reason == nil {
 		if n := c.InboundBuffered(); n > 0 {
 			reason = fmt.Errorf("%w: %s closed with %d bytes of an incomplete frame", ErrTruncated, sideName(e.dir), n)
+		} else if n := s.through[e.dir]; n > 0 {
+			reason = fmt.Errorf("%w: %s closed %d bytes before the end of a frame being forwarded", ErrTruncated, sideName(e.dir), n)
 		}
 	}
 	idx := reasonClientClosed

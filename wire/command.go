@@ -47,11 +47,24 @@ type Send struct {
 // Fields it does not model are ignored. It returns ErrMalformedCommand when
 // the frame is not a SEND or the command is malformed.
 func ParseSend(f Frame) (Send, error) {
-	var s Send
 	if f.typ != pulsarpb.BaseCommand_SEND {
-		return s, ErrMalformedCommand
+		return Send{}, ErrMalformedCommand
 	}
-	body, found, ok := pbscan.LastBytes(f.Command(), uint64(pulsarpb.BaseCommand_SEND))
+	return parseSend(f.Command())
+}
+
+// ParseSendHead is ParseSend for a frame of which only the Head has been
+// read.
+func ParseSendHead(h Head) (Send, error) {
+	if h.Type != pulsarpb.BaseCommand_SEND {
+		return Send{}, ErrMalformedCommand
+	}
+	return parseSend(h.Command)
+}
+
+func parseSend(cmd []byte) (Send, error) {
+	var s Send
+	body, found, ok := pbscan.LastBytes(cmd, uint64(pulsarpb.BaseCommand_SEND))
 	if !ok || !found {
 		return s, ErrMalformedCommand
 	}

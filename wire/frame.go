@@ -114,6 +114,51 @@ func ReadFrame(buf []byte, maxMessageSize int) (Frame, int, error) {
 	return f, n, nil
 }
 
+// Head is the start of a frame whose body may still be on its way: enough
+// to route the frame (its length and command) before the rest is read. A
+// proxy that forwards a frame's bytes as they arrive (cut-through) decides
+// on the Head alone.
+type Head struct {
+	// Len is the whole frame's length, size prefix included.
+	Len int
+	// Type is the BaseCommand's type.
+	Type pulsarpb.BaseCommand_Type
+	// Command is the encoded BaseCommand; it aliases the caller's buffer.
+	Command []byte
+}
+
+// ReadHead parses the size prefix and the BaseCommand at the start of buf,
+// which may end anywhere after the command. It checks what ReadFrame checks
+// of those parts (size limit, command inside the frame, a typed command) but
+// nothing after the command: headers, metadata and payload are the
+// receiver's to validate once they arrive.
+//
+// Errors: ErrIncomplete when buf ends before the command does;
+// ErrFrameTooLarge and ErrCorruptFrame as for ReadFrame. It does not
+// allocate.
+func ReadHead(buf []byte, maxMessageSize int) (Head, error) {
+	n, err := FrameLen(buf, maxMessageSize)
+	if err != nil {
+		return Head{}, err
+	}
+	if len(buf) < frameHeaderLen {
+		return Head{}, ErrIncomplete
+	}
+	cmdEnd := frameHeaderLen + uint64(binary.BigEndian.Uint32(buf[4:]))
+	if cmdEnd > uint64(n) {
+		return Head{}, ErrCorruptFrame
+	}
+	if cmdEnd > uint64(len(buf)) {
+		return Head{}, ErrIncomplete
+	}
+	cmd := buf[frameHeaderLen:cmdEnd:cmdEnd]
+	typ, ok := peekCommandType(cmd)
+	if !ok {
+		return Head{}, ErrCorruptFrame
+	}
+	return Head{Len: n, Type: typ, Command: cmd}, nil
+}
+
 // parseFrame parses a frame whose length prefix has been checked and whose
 // bytes are all present.
 func parseFrame(b []byte) (Frame, bool) {

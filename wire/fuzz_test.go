@@ -178,3 +178,36 @@ func goldenStreams(f *testing.F) [][]byte {
 	}
 	return out
 }
+
+// FuzzReadHead checks the cut-through reader against the whole-frame
+// reader: on any buffer it never panics; wherever ReadFrame reads a frame,
+// ReadHead reads the same length and type from every prefix that holds the
+// command, and asks for more bytes on every shorter prefix.
+func FuzzReadHead(f *testing.F) {
+	for _, s := range fuzzSeedFrames() {
+		f.Add(s, 0)
+	}
+	for _, stream := range goldenStreams(f) {
+		f.Add(stream, 0)
+	}
+	f.Fuzz(func(t *testing.T, buf []byte, max int) {
+		h, err := ReadHead(buf, max)
+		if err == nil && (h.Len < frameHeaderLen || len(h.Command) > h.Len) {
+			t.Fatalf("head %+v", h)
+		}
+		fr, _, ferr := ReadFrame(buf, max)
+		if ferr != nil {
+			return
+		}
+		headEnd := frameHeaderLen + fr.CommandSize()
+		for k := 0; k <= fr.Len(); k++ {
+			h, err := ReadHead(buf[:k], max)
+			switch {
+			case k < headEnd && !errors.Is(err, ErrIncomplete):
+				t.Fatalf("prefix %d of %d (head ends at %d): %v", k, fr.Len(), headEnd, err)
+			case k >= headEnd && (err != nil || h.Len != fr.Len() || h.Type != fr.Type() || !bytes.Equal(h.Command, fr.Command())):
+				t.Fatalf("prefix %d: head %+v, %v; frame len %d type %v", k, h, err, fr.Len(), fr.Type())
+			}
+		}
+	})
+}
