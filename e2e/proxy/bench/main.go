@@ -83,6 +83,7 @@ func main() {
 	cpuprofile := flag.String("proxy-cpuprofile", "", "write our proxy's CPU profile (whole run) to this file")
 	flag.IntVar(&brokerPID, "broker-pid", 0, "the broker's pid, to report its CPU time per run too (0: not reported)")
 	readBuf := flag.Int("proxy-read-buffer", 0, "our proxy's ReadBufferCap in bytes (0: its default)")
+	baseline := flag.String("baseline", "", "another build of this command (say, of the previous commit) whose proxy is measured too, as target \"base\", to compare a change within one run")
 	flag.Parse()
 
 	addr, err := proxy.BrokerAddress(*brokerURL)
@@ -90,7 +91,11 @@ func main() {
 		fail(err)
 	}
 	targets := []target{{name: "direct", url: *brokerURL}}
-	ours, err := startOurs(addr, *cpuprofile, *readBuf)
+	self, err := os.Executable()
+	if err != nil {
+		fail(err)
+	}
+	ours, err := startOurs(self, "ours", addr, *cpuprofile, *readBuf)
 	if err != nil {
 		fail(fmt.Errorf("our proxy: %w", err))
 	}
@@ -108,6 +113,14 @@ func main() {
 		}
 		defer jp.stop()
 		targets = append(targets, jp.target)
+	}
+	if *baseline != "" {
+		bp, err := startOurs(*baseline, "base", addr, "", *readBuf)
+		if err != nil {
+			fail(fmt.Errorf("the baseline proxy: %w", err))
+		}
+		defer bp.stop()
+		targets = append(targets, bp.target)
 	}
 
 	wls := []workload{
@@ -220,7 +233,16 @@ func printRow(w workload, targets []target, res []result) {
 }
 
 func printSummary(targets []target, wls []workload, all map[string][]result) {
-	if len(targets) < 3 {
+	oi, ji := -1, -1
+	for i, t := range targets {
+		switch t.name {
+		case "ours":
+			oi = i
+		case "java":
+			ji = i
+		}
+	}
+	if oi < 0 || ji < 0 {
 		return
 	}
 	fmt.Println("ours vs Java proxy")
@@ -230,7 +252,7 @@ func printSummary(targets []target, wls []workload, all map[string][]result) {
 		if !ok {
 			continue
 		}
-		o, j := res[1], res[2]
+		o, j := res[oi], res[ji]
 		per := "-"
 		if o.cpu > 0 && j.cpu > 0 {
 			per = fmt.Sprintf("%.2fx", (float64(o.n)/o.cpu.Seconds())/(float64(j.n)/j.cpu.Seconds()))
@@ -385,14 +407,10 @@ func (p *process) stop() {
 	})
 }
 
-// startOurs re-executes this binary as our proxy in front of broker addr and waits for the
-// address it prints.
-func startOurs(brokerAddr, cpuprofile string, readBuf int) (*process, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(self)
+// startOurs runs exe (this binary, or a baseline build of it) as our proxy in front of broker
+// addr and waits for the address it prints.
+func startOurs(exe, name, brokerAddr, cpuprofile string, readBuf int) (*process, error) {
+	cmd := exec.Command(exe)
 	cmd.Env = append(os.Environ(), childEnv+"="+brokerAddr, "REBATCHPROXY_BENCH_CPUPROFILE="+cpuprofile,
 		"REBATCHPROXY_BENCH_READBUF="+strconv.Itoa(readBuf))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -418,7 +436,7 @@ func startOurs(brokerAddr, cpuprofile string, readBuf int) (*process, error) {
 	}()
 	select {
 	case a := <-addr:
-		p.target = target{name: "ours", url: "pulsar://" + a, pid: cmd.Process.Pid}
+		p.target = target{name: name, url: "pulsar://" + a, pid: cmd.Process.Pid}
 		return p, nil
 	case <-p.done:
 		return nil, errors.New("exited before listening")
