@@ -174,3 +174,18 @@ func (b *Broker) TopicDeduplication(ctx context.Context, topic string) (bool, er
 	}
 	return strings.TrimSpace(string(data)) == "true", nil
 }
+
+// Admin sends one admin REST request whose body is v as JSON (no body when v is nil) and returns
+// the body of a 2xx answer, for calls the harness has no helper for (clusters, tenants, policies).
+func (b *Broker) Admin(ctx context.Context, method, path string, v any) ([]byte, error) {
+	var body io.Reader
+	if v != nil {
+		enc, err := json.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		body = strings.NewReader(string(enc))
+	}
+	data, _, err := b.do(ctx, method, path, body, "application/json")
+	return data, err
+}

@@ -14,7 +14,9 @@ import (
 type InProcessProxy struct {
 	URL  string // pulsar://host:port
 	Addr string // host:port
-	stop func()
+	// Server is the running proxy, e.g. for its metrics (Server.Collector).
+	Server *proxy.Server
+	stop   func()
 }
 
 // Stop shuts the proxy down and waits for it.
@@ -47,7 +49,7 @@ func StartProxy(serviceURL string, mod func(*proxy.Config)) (*InProcessProxy, er
 	if la == "" {
 		return nil, fmt.Errorf("proxy did not start: %v", <-done)
 	}
-	return &InProcessProxy{URL: "pulsar://" + la, Addr: la, stop: func() {
+	return &InProcessProxy{URL: "pulsar://" + la, Addr: la, Server: srv, stop: func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)
