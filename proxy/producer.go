@@ -64,6 +64,16 @@ type HeadForwarder interface {
 	ForwardHead(h wire.Head) bool
 }
 
+// Backlogger is implemented by a ProducerPath whose pending work can grow
+// with the client's input. While Backlogged reports true the connection
+// stops taking frames from the client (they wait in its read buffer, within
+// HardBufferLimit) and reads on once it reports false, so a client that
+// keeps more sends pending than the path holds is slowed, not cut off.
+// Called on the connection's event loop after every path call.
+type Backlogger interface {
+	Backlogged() bool
+}
+
 // ConnInfo describes a connection to a ProducerPathFactory.
 type ConnInfo struct {
 	ID         uint64 // proxy-wide connection id, as logged

@@ -56,6 +56,7 @@ type RebatchMetrics struct {
 	flushes     *prometheus.CounterVec
 	latency     *prometheus.HistogramVec
 	engineErrs  *prometheus.CounterVec
+	backlogs    *prometheus.CounterVec
 	activeProds prometheus.Gauge
 }
 
@@ -74,6 +75,8 @@ func NewRebatchMetrics() *RebatchMetrics {
 			Help: "Time from a client SEND reaching the proxy to its receipt leaving it.", Buckets: prometheus.ExponentialBuckets(0.0002, 2, 14)}, []string{"policy"}),
 		engineErrs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rebatchproxy_rebatch_errors_total",
 			Help: "Producer-path errors that closed a connection."}, []string{"policy", "error"}),
+		backlogs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rebatchproxy_rebatch_backlog_pauses_total",
+			Help: "Times reading from a client stopped because one of its producers had 3/4 of max pending sends awaiting receipts."}, []string{"policy"}),
 		activeProds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "rebatchproxy_rebatch_producers",
 			Help: "Client producers currently under a rewriting policy."}),
 	}
@@ -81,7 +84,7 @@ func NewRebatchMetrics() *RebatchMetrics {
 
 // Collectors returns the metrics for registration.
 func (m *RebatchMetrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.sends, m.entries, m.perEntry, m.flushes, m.latency, m.engineErrs, m.activeProds}
+	return []prometheus.Collector{m.sends, m.entries, m.perEntry, m.flushes, m.latency, m.engineErrs, m.backlogs, m.activeProds}
 }
 
 // RebatchPaths returns the ProducerPathFactory of the rewriting proxy: each
@@ -132,6 +135,7 @@ type engine struct {
 	kind        string
 	closing     bool // the client closed it; kept until its last receipt is out
 	lanesClosed bool // CLOSE_PRODUCER was sent for its own lanes
+	backlogged  bool // counted in rebatchPath.backlogged
 	last        rebatch.Stats
 	// held is the client's PRODUCER_SUCCESS, withheld until the bucket producers exist.
 	held      *pulsarpb.CommandProducerSuccess
@@ -167,9 +171,11 @@ type rebatchPath struct {
 	deadline  time.Time
 	// nextID numbers the producers and requests the path sends itself, far above the ids
 	// clients count up from 0; swallow holds requests whose answers are the path's.
-	nextID  uint64
-	swallow map[uint64]struct{}
-	opening int // engines waiting for their bucket producers
+	nextID uint64
+	// backlogged counts the engines above the backlog watermark (Backlogger).
+	backlogged int
+	swallow    map[uint64]struct{}
+	opening    int // engines waiting for their bucket producers
 	// retired holds bucket producer ids of dropped engines: late broker frames about them
 	// (receipts, CLOSE_PRODUCER) are not the client's and are dropped. Bounded.
 	retired map[uint64]struct{}
@@ -341,6 +347,7 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 		cfg := rebatch.Config{
 			Policy: pp.policy, ProducerID: pp.producerID, ProducerName: ps.GetProducerName(),
 			MaxMessageSize: r.info.MaxMessageSize, LastSequenceID: ps.GetLastSequenceId(),
+			MaxPendingSends: pp.policy.MaxPendingSends,
 		}
 		if r.m != nil {
 			hist := r.m.perEntry.WithLabelValues(kind)
@@ -573,6 +580,7 @@ func (r *rebatchPath) closeOnBroker(id uint64) {
 func (r *rebatchPath) emit(id uint64, e *engine, out Outputs, err error) (Verdict, error) {
 	r.processEvents()
 	r.account(e)
+	r.noteBacklog(e)
 	if e.closing && e.p.Pending() == 0 {
 		r.drop(id, e)
 	}
@@ -642,6 +650,10 @@ func (r *rebatchPath) drop(id uint64, e *engine) {
 	if r.producers[id] != e {
 		return
 	}
+	if e.backlogged {
+		e.backlogged = false
+		r.backlogged--
+	}
 	e.p.Abandon()
 	if !e.lanesClosed {
 		e.lanesClosed = true
@@ -697,6 +709,36 @@ func (r *rebatchPath) drop(id uint64, e *engine) {
 		}
 	}
 }
+
+// Backlog watermarks, as fractions of an engine's MaxPending: reading from
+// the client stops at the high one and resumes below the low one, so the
+// client is slowed well before its sends would be refused.
+const (
+	backlogHigh = 0.75
+	backlogLow  = 0.5
+)
+
+// noteBacklog updates e's backlog state after an engine call.
+func (r *rebatchPath) noteBacklog(e *engine) {
+	n, max := e.p.Pending(), float64(e.p.MaxPending())
+	switch {
+	case !e.backlogged && float64(n) >= backlogHigh*max:
+		e.backlogged = true
+		r.backlogged++
+		if r.m != nil {
+			r.m.backlogs.WithLabelValues(e.kind).Inc()
+		}
+		r.log.Info("producer backlog high; reading from the client paused until receipts catch up",
+			"topic", e.topic, "producer", e.name, "pending", n, "limit", e.p.MaxPending())
+	case e.backlogged && float64(n) < backlogLow*max:
+		e.backlogged = false
+		r.backlogged--
+		r.log.Debug("producer backlog drained; reading from the client again", "topic", e.topic, "producer", e.name, "pending", n)
+	}
+}
+
+// Backlogged implements Backlogger: some producer has too many sends pending.
+func (r *rebatchPath) Backlogged() bool { return r.backlogged > 0 }
 
 func (r *rebatchPath) updateDeadline() {
 	r.deadline = time.Time{}

@@ -96,6 +96,8 @@ type session struct {
 	// towards that side meanwhile, so none lands inside that frame.
 	through [2]int
 	held    [2][]byte
+	// backlog is the path's Backlogger, nil if it has none.
+	backlog Backlogger
 }
 
 func newSession(srv *Server, c gnet.Conn) *session {
@@ -225,6 +227,9 @@ func (s *session) resumeAsync() {
 			if !s.paused[d] {
 				continue
 			}
+			if d == toBroker && s.backlog != nil && s.backlog.Backlogged() {
+				continue
+			}
 			dst, src := s.peer(d), s.source(d)
 			if dst == nil || src == nil || dst.OutboundBuffered() > s.srv.cfg.SoftBufferLimit/2 {
 				continue
@@ -237,6 +242,20 @@ func (s *session) resumeAsync() {
 	if e != nil {
 		s.taskQueued.Store(false)
 	}
+}
+
+// resumeClient reads from the client again once neither the producer path's
+// backlog nor the broker's queue holds it back. Called on the loop after
+// frames from the broker (receipts) were handled.
+func (s *session) resumeClient() {
+	if s.backlog != nil && s.backlog.Backlogged() {
+		return
+	}
+	if s.broker == nil || s.broker.OutboundBuffered() > s.srv.cfg.SoftBufferLimit/2 {
+		return
+	}
+	s.setPaused(toBroker, false)
+	_ = s.client.Wake(nil)
 }
 
 func (s *session) setPaused(d direction, on bool) {
@@ -276,6 +295,10 @@ func (s *session) pump(src gnet.Conn, d direction) gnet.Action {
 	dst := s.peer(d)
 	if avail == 0 {
 		return gnet.None
+	}
+	if d == toBroker && s.backlog != nil && s.backlog.Backlogged() {
+		s.setPaused(d, true)
+		return s.checkHard(src, dst, d, avail)
 	}
 	if s.through[d] > 0 {
 		if dst != nil && dst.OutboundBuffered() > s.srv.cfg.SoftBufferLimit {
@@ -326,6 +349,8 @@ loop:
 			action = s.fail(err)
 			break
 		}
+		// Withhold the client's next frames while receipts catch up (Backlogger).
+		backlogged := d == toBroker && s.backlog != nil && isProducerFrame(d, f.Type()) && s.backlog.Backlogged()
 		switch act {
 		case actForward:
 			s.pumpOff += n
@@ -337,6 +362,10 @@ loop:
 			s.flushRun()
 			s.pumpOff += n
 			s.pumpRun = s.pumpOff
+			break loop
+		}
+		if backlogged {
+			s.setPaused(d, true)
 			break loop
 		}
 		if s.pumpFail != nil {
@@ -354,6 +383,9 @@ loop:
 		_, _ = src.Discard(s.pumpOff)
 	}
 	s.pumpBuf, s.pumpDst = nil, nil
+	if d == toClient && action == gnet.None && s.paused[toBroker] {
+		s.resumeClient()
+	}
 	if action == gnet.None && s.state != stClosed {
 		return s.checkHard(src, s.peer(d), d, src.InboundBuffered())
 	}
@@ -801,6 +833,7 @@ func (s *session) onConnected(f wire.Frame) (frameAction, error) {
 	s.state = stEstablished
 	s.handshakeDeadline.Store(0)
 	s.path = s.srv.cfg.ProducerPaths(ConnInfo{ID: s.id, ClientAddr: s.clientAddr, BrokerAddr: s.brokerAddr, MaxMessageSize: s.maxMsg})
+	s.backlog, _ = s.path.(Backlogger)
 	s.logger().Debug("connected", "server_version", s.cmd.GetConnected().GetServerVersion(),
 		"protocol_version", s.cmd.GetConnected().GetProtocolVersion(), "max_message_size", s.maxMsg)
 	if s.client.InboundBuffered() > 0 {

@@ -102,7 +102,7 @@
 //
 // Bounded memory (contract 7): each open batch is bounded by max bytes, and pending client sends
 // by Config.MaxPendingSends; beyond that bound Send returns ErrTooManyPending and the proxy
-// closes the connection with a logged reason. The bound (100,000 sends) is far above what
-// clients keep pending (Go: 1,000 per producer by default); withholding reads before it is not
-// built yet.
+// closes the connection with a logged reason. The proxy keeps clients below it: it stops
+// reading a client's frames while one of its producers has three quarters of the bound pending,
+// and reads on once receipts bring that under half (proxy.Backlogger).
 package rebatch

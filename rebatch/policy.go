@@ -69,6 +69,9 @@ type Policy struct {
 	// next one fills while that entry is in flight (group commit): batches grow with the
 	// broker's latency instead of adding MaxDelay to every send.
 	HoldWhenIdle bool
+	// MaxPendingSends bounds each client producer's sends awaiting receipts (Config's field
+	// of that name); zero means the default, 100,000.
+	MaxPendingSends int
 
 	// Buckets is the number of equal-width buckets over the 16-bit hashB ring (buckets
 	// policy); BucketStarts gives explicit boundaries instead (first 0, strictly increasing).
@@ -91,8 +94,8 @@ func (p *Policy) Validate() error {
 	default:
 		return fmt.Errorf("%w: kind %q (want passthrough, coalesce, properties or buckets)", ErrInvalidPolicy, p.Kind)
 	}
-	if p.MaxMessages < 0 || p.MaxBytes < 0 || p.MaxDelay < 0 {
-		return fmt.Errorf("%w: max_messages, max_bytes and max_delay must not be negative", ErrInvalidPolicy)
+	if p.MaxMessages < 0 || p.MaxBytes < 0 || p.MaxDelay < 0 || p.MaxPendingSends < 0 {
+		return fmt.Errorf("%w: max_messages, max_bytes, max_delay and max_pending_sends must not be negative", ErrInvalidPolicy)
 	}
 	if p.MaxMessages == 0 {
 		p.MaxMessages = DefaultMaxMessages

@@ -307,6 +307,10 @@ func (p *Producer) Stats() Stats { return p.stats }
 // Pending returns the number of client sends awaiting their receipt.
 func (p *Producer) Pending() int { return len(p.sends) - p.sendHead }
 
+// MaxPending returns the bound on Pending (Config.MaxPendingSends after
+// defaults): a Send beyond it fails with ErrTooManyPending.
+func (p *Producer) MaxPending() int { return p.cfg.MaxPendingSends }
+
 // send returns client send number id, which must be pending.
 func (p *Producer) send(id uint64) *clientSend { return &p.sends[p.sendHead+int(id-p.sendBase)] }
 

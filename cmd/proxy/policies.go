@@ -17,17 +17,18 @@ import (
 
 // policyKeys are the keys of one entry of the policies list, with their help.
 var policyKeys = map[string]string{
-	"topics":          "topic pattern [domain://]tenant/namespace/topic, '*' globs within a segment (required)",
-	"policy":          "passthrough, coalesce, properties or buckets (required)",
-	"max_messages":    "messages per entry (default 1000)",
-	"max_bytes":       "uncompressed bytes per entry, KiB/MiB suffixes (default 128KiB; capped by the broker's max_message_size)",
-	"max_delay":       "longest a message waits in an open batch, Go duration (default 2ms)",
-	"compression":     "none, lz4, zlib, zstd or snappy for built entries (default: the first client send's codec)",
-	"restricted":      "properties policy: map of property key to allowed values ([] admits any value)",
-	"hold_when_idle":  "keep a batch open for max_delay even when nothing of its lane is in flight (default false: send at once when idle, batch while busy)",
-	"merge_producers": "coalesce policy: merge all producers of a topic on a client connection into shared entries (at-least-once after a proxy crash; see README)",
-	"buckets":         "buckets policy: number of equal-width buckets over the 16-bit hashB ring (one broker producer each)",
-	"bucket_starts":   "buckets policy: explicit bucket start hashes instead, first 0, strictly increasing",
+	"topics":            "topic pattern [domain://]tenant/namespace/topic, '*' globs within a segment (required)",
+	"policy":            "passthrough, coalesce, properties or buckets (required)",
+	"max_messages":      "messages per entry (default 1000)",
+	"max_bytes":         "uncompressed bytes per entry, KiB/MiB suffixes (default 128KiB; capped by the broker's max_message_size)",
+	"max_delay":         "longest a message waits in an open batch, Go duration (default 2ms)",
+	"compression":       "none, lz4, zlib, zstd or snappy for built entries (default: the first client send's codec)",
+	"restricted":        "properties policy: map of property key to allowed values ([] admits any value)",
+	"hold_when_idle":    "keep a batch open for max_delay even when nothing of its lane is in flight (default false: send at once when idle, batch while busy)",
+	"merge_producers":   "coalesce policy: merge all producers of a topic on a client connection into shared entries (at-least-once after a proxy crash; see README)",
+	"buckets":           "buckets policy: number of equal-width buckets over the 16-bit hashB ring (one broker producer each)",
+	"bucket_starts":     "buckets policy: explicit bucket start hashes instead, first 0, strictly increasing",
+	"max_pending_sends": "sends of one client producer awaiting receipts; reading from the client pauses at 3/4 of it and resumes below 1/2 (default 100000)",
 }
 
 // policiesHelp documents the policies section for --help.
@@ -41,7 +42,7 @@ func policiesHelp() string {
 	b.WriteString("\nPer-topic policies (config file only): a list under 'policies'; the first\nrule whose pattern matches a producer's topic gives its policy, unmatched\ntopics are passthrough. SIGHUP re-reads them; new producers get the new ones.\n\n")
 	b.WriteString("  policies:\n    - topics: public/default/orders-*\n      policy: coalesce\n      max_delay: 5ms\n    - topics: public/filtered/*\n      policy: properties\n      restricted: {region: [us, eu], version: ['1', '2']}\n    - topics: public/keyed/*\n      policy: buckets\n      buckets: 4\n\nKeys of a rule:\n")
 	for _, k := range keys {
-		fmt.Fprintf(&b, "  %-13s %s\n", k, policyKeys[k])
+		fmt.Fprintf(&b, "  %-17s %s\n", k, policyKeys[k])
 	}
 	return b.String()
 }
@@ -84,7 +85,7 @@ func parseRule(n *yaml.Node) (route.Rule[rebatch.Policy], error) {
 		k, v := n.Content[i], n.Content[i+1]
 		key := k.Value
 		if _, ok := policyKeys[key]; !ok {
-			return r, fmt.Errorf("line %d: unknown key %q (known: topics, policy, max_messages, max_bytes, max_delay, compression, restricted, merge_producers, hold_when_idle, buckets, bucket_starts)", k.Line, key)
+			return r, fmt.Errorf("line %d: unknown key %q (known: topics, policy, max_messages, max_bytes, max_delay, compression, restricted, merge_producers, hold_when_idle, buckets, bucket_starts, max_pending_sends)", k.Line, key)
 		}
 		if seen[key] {
 			return r, fmt.Errorf("line %d: key %q given twice", k.Line, key)
@@ -137,12 +138,16 @@ func parseRule(n *yaml.Node) (route.Rule[rebatch.Policy], error) {
 			} else {
 				r.Policy.HoldWhenIdle = b
 			}
-		case "buckets":
+		case "buckets", "max_pending_sends":
 			n, err := strconv.Atoi(s)
 			if err != nil || n <= 0 {
 				return r, bad("%q is not a positive integer", s)
 			}
-			r.Policy.Buckets = n
+			if key == "buckets" {
+				r.Policy.Buckets = n
+			} else {
+				r.Policy.MaxPendingSends = n
+			}
 		case "bucket_starts":
 			if err := v.Decode(&r.Policy.BucketStarts); err != nil || v.Kind != yaml.SequenceNode {
 				return r, bad("expected a list of integers")

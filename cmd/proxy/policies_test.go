@@ -17,6 +17,7 @@ policies:
     max_bytes: 64KiB
     max_delay: 5ms
     compression: lz4
+    max_pending_sends: 2000
   - topics: public/filtered/*
     policy: properties
     restricted: {region: [us, eu], version: ['1', '2'], any: []}
@@ -26,7 +27,7 @@ policies:
 		t.Fatal(err)
 	}
 	p, idx, ok := m.Match("persistent://public/default/orders-eu-partition-2")
-	if !ok || idx != 0 || p.Kind != rebatch.Coalesce || p.MaxMessages != 500 || p.MaxBytes != 64<<10 || p.MaxDelay.String() != "5ms" || p.Compression == nil || p.Compression.String() != "LZ4" {
+	if !ok || idx != 0 || p.Kind != rebatch.Coalesce || p.MaxMessages != 500 || p.MaxBytes != 64<<10 || p.MaxDelay.String() != "5ms" || p.Compression == nil || p.Compression.String() != "LZ4" || p.MaxPendingSends != 2000 {
 		t.Fatalf("orders rule: %+v %d %v", p, idx, ok)
 	}
 	p, _, ok = m.Match("public/filtered/x")
@@ -46,6 +47,7 @@ policies:
 		{"policies:\n  - policy: coalesce\n", `"topics" is required`},
 		{"policies:\n  - topics: '*/*/*'\n    policy: coalesce\n  - topics: a/b/c\n    policy: coalesce\n", `policies[1].topics (line 4)`},
 		{"policies: {a: b}\n", `expected a list`},
+		{"policies:\n  - topics: a/b/*\n    policy: coalesce\n    max_pending_sends: 0\n", `max_pending_sends (line 4)`},
 	}
 	for _, tc := range bad {
 		_, err := loadPolicies([]byte(tc.yaml))
