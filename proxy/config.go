@@ -48,6 +48,15 @@ type Config struct {
 	// flight across all connections; excess ones are answered with
 	// TooManyRequests, as Pulsar's proxy does.
 	MaxConcurrentLookups int
+	// MaxLookupRedirects is how many Redirect answers to one client LOOKUP
+	// the proxy follows itself, asking each named broker in turn, before it
+	// answers the client Failed(ServiceNotReady). 0 relays Redirect answers
+	// to the client (with proxy_through_service_url=true) instead. The
+	// default, 20, is the Java client's maxLookupRedirects.
+	MaxLookupRedirects int
+	// LookupTimeout bounds following one client LOOKUP's redirects, all hops
+	// included (dial, handshake and lookup on each).
+	LookupTimeout time.Duration
 	// DrainTimeout is how long Shutdown waits for connections to end.
 	DrainTimeout time.Duration
 
@@ -74,6 +83,8 @@ func DefaultConfig() Config {
 		SoftBufferLimit:      4 << 20,
 		HardBufferLimit:      64 << 20,
 		MaxConcurrentLookups: 1024,
+		MaxLookupRedirects:   20,
+		LookupTimeout:        30 * time.Second,
 		DrainTimeout:         30 * time.Second,
 		ReadBufferCap:        256 << 10,
 	}
@@ -113,6 +124,10 @@ func (c *Config) Validate() error {
 			c.SoftBufferLimit+wire.MaxFrameLen(c.MaxMessageSize))
 	case c.MaxConcurrentLookups <= 0:
 		return fmt.Errorf("max-concurrent-lookups: must be > 0")
+	case c.MaxLookupRedirects < 0:
+		return fmt.Errorf("max-lookup-redirects: must be >= 0 (0 relays redirects to the client)")
+	case c.LookupTimeout <= 0:
+		return fmt.Errorf("lookup-timeout: must be > 0")
 	case c.DrainTimeout < 0:
 		return fmt.Errorf("drain-timeout: must be >= 0")
 	case c.EventLoops < 0:

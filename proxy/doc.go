@@ -24,13 +24,27 @@
 //  1. Discovery. A CONNECT without proxy_to_broker_url is a lookup
 //     connection and goes to a configured service broker (round robin,
 //     next one on a dial error). The only frame the proxy rewrites is
-//     LOOKUP_RESPONSE: answers of type Connect and Redirect get
+//     LOOKUP_RESPONSE: an answer of type Connect gets
 //     proxy_through_service_url=true, so clients come back to the proxy
 //     and name the broker in proxy_to_broker_url, and the broker address
-//     is learned as allowed. Redirects are relayed, not followed: the Go
-//     client follows them through the proxy (it sends the next lookup with
-//     proxy_to_broker_url naming the redirect target); see README.md for
-//     the consequence for Java clients on multi-broker clusters.
+//     is learned as allowed. A Redirect answer is followed by the proxy
+//     itself (lookup.go), as Pulsar's proxy does: it asks the named broker,
+//     on a connection of its own opened with the client's CONNECT (so that
+//     broker authenticates the client), with the redirect's authoritative
+//     flag and the client's topic, listener name and properties, and
+//     repeats on further Redirects, at most Config.MaxLookupRedirects hops
+//     within Config.LookupTimeout. The client gets only the final answer,
+//     under its own request id: Connect rewritten as above (the broker
+//     learned), a broker's Failed as is, or Failed(ServiceNotReady) naming
+//     the topic and the reason when the proxy gives up (target unreachable,
+//     timeout, CONNECT refused, too many redirects). Every redirect target
+//     is learned too. A target answering the CONNECT with AUTH_CHALLENGE,
+//     and MaxLookupRedirects 0, make the proxy relay the Redirect with
+//     proxy_through_service_url=true instead; the client then follows it
+//     through the proxy (naming the target in proxy_to_broker_url). The
+//     request's concurrent-lookup slot is held until the final answer is
+//     written or the session closes; LOOKUP requests are decoded to be
+//     remembered meanwhile (rare frames).
 //     PARTITIONED_METADATA, GET_TOPICS_OF_NAMESPACE, GET_SCHEMA and
 //     GET_OR_CREATE_SCHEMA are forwarded unchanged, and so are their
 //     answers.
@@ -43,9 +57,10 @@
 //  3. Transparency. Every frame but LOOKUP_RESPONSE is forwarded as its
 //     original bytes, in order, both ways; contiguous frames go out in one
 //     write. The proxy never sends a client a command type the client did
-//     not ask for: its own frames are ERROR answering CONNECT, and
+//     not ask for: its own frames are ERROR answering CONNECT,
 //     LOOKUP_RESPONSE / PARTITIONED_METADATA_RESPONSE answering a request
-//     refused by the concurrency bound (TooManyRequests).
+//     refused by the concurrency bound (TooManyRequests), and the
+//     LOOKUP_RESPONSE ending a followed redirect chain (contract 1).
 //  4. Protocol checks. The first frame must be CONNECT; until CONNECTED
 //     only AUTH_RESPONSE may follow from the client, and only CONNECTED,
 //     AUTH_CHALLENGE or ERROR may come from the broker; a second CONNECT,
@@ -93,5 +108,7 @@
 // its client's event loop; the ticker goroutine reads only its atomic
 // fields and hands work to the loop with EventLoop.Execute. The dial
 // goroutine writes brokerAddr before Enroll, which publishes it to the
-// loop. ProducerPath methods run on the loop.
+// loop. ProducerPath methods run on the loop. A followed lookup redirect
+// runs on its own goroutine with copies of what it needs and hands its
+// outcome to the loop with EventLoop.Execute.
 package proxy

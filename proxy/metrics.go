@@ -102,9 +102,17 @@ const (
 	lookupFailed
 	lookupThrottled
 	lookupPartitionedMetadata
+	lookupRedirectFollowed
+	lookupRedirectFailed
 )
 
-var lookupResults = [...]string{"connect", "redirect", "failed", "throttled", "partitioned_metadata"}
+// "redirect" counts Redirect answers relayed to the client; "redirect_followed"
+// chains of redirects the proxy followed to a Connect answer; "redirect_failed"
+// chains the proxy gave up on (unreachable target, timeout, refused CONNECT,
+// too many redirects), answered Failed(ServiceNotReady). A broker's Failed
+// answer at the end of a chain counts as "failed".
+var lookupResults = [...]string{"connect", "redirect", "failed", "throttled", "partitioned_metadata",
+	"redirect_followed", "redirect_failed"}
 
 // metrics holds every counter of a Server. All fields are updated with
 // atomics from event loops and read by Collect on the HTTP goroutine.
@@ -143,7 +151,7 @@ func newMetrics() *metrics {
 		descCloses: prometheus.NewDesc("rebatchproxy_closes_total",
 			"Connection pairs closed, by reason; every reason but client_closed and broker_closed is an error.", []string{"reason"}, nil),
 		descLookups: prometheus.NewDesc("rebatchproxy_lookups_total",
-			"Lookup answers relayed (connect, redirect, failed), lookups refused for concurrency (throttled), partitioned-metadata answers.", []string{"result"}, nil),
+			"Lookup answers relayed (connect, redirect, failed), lookups refused for concurrency (throttled), partitioned-metadata answers, redirect chains followed by the proxy to a Connect answer (redirect_followed) or given up (redirect_failed).", []string{"result"}, nil),
 		descFlight: prometheus.NewDesc("rebatchproxy_lookups_inflight",
 			"LOOKUP and PARTITIONED_METADATA requests awaiting a broker answer.", nil, nil),
 		descPauses: prometheus.NewDesc("rebatchproxy_backpressure_pauses_total",

@@ -98,6 +98,12 @@ type session struct {
 	held    [2][]byte
 	// backlog is the path's Backlogger, nil if it has none.
 	backlog Backlogger
+
+	// Lookup redirects followed by the proxy (lookup.go). Loop-owned.
+	lookupConnect []byte                    // the CONNECT the broker got, for follow connections
+	lookupReqs    map[uint64]*pendingLookup // client LOOKUPs awaiting an answer, by request id
+	followCtx     context.Context           // cancelled when the session closes
+	followCancel  context.CancelFunc
 }
 
 func newSession(srv *Server, c gnet.Conn) *session {
@@ -585,7 +591,6 @@ func (s *session) onFrame(d direction, f wire.Frame) (frameAction, error) {
 	case pulsarpb.BaseCommand_CONNECTED, pulsarpb.BaseCommand_CONNECT:
 		return 0, fmt.Errorf("%w: %s from broker on an established connection", ErrOutOfOrder, t)
 	case pulsarpb.BaseCommand_LOOKUP_RESPONSE:
-		s.lookupDone()
 		return s.onLookupResponse(f)
 	case pulsarpb.BaseCommand_PARTITIONED_METADATA_RESPONSE:
 		s.lookupDone()
@@ -730,6 +735,7 @@ func (s *session) onConnect(f wire.Frame) (frameAction, error) {
 		}
 		s.connectFrame = append([]byte(nil), f.Bytes()...)
 	}
+	s.keepConnectForLookups()
 	if s.srv.log.Enabled(context.Background(), slog.LevelDebug) {
 		s.logger().Debug("CONNECT", "client_version", c.GetClientVersion(), "protocol_version", c.GetProtocolVersion(),
 			"auth_method", c.GetAuthMethodName(), "proxy_to_broker_url", u, "targets", targets)
@@ -847,6 +853,7 @@ func (s *session) onLookupRequest(f wire.Frame) (frameAction, error) {
 	m := s.srv.m
 	if m.lookupsFlight.Add(1) <= int64(s.srv.cfg.MaxConcurrentLookups) {
 		s.lookupsOut++
+		s.noteLookup(f)
 		return actForward, nil
 	}
 	m.lookupsFlight.Add(-1)
@@ -886,8 +893,13 @@ func (s *session) lookupDone() {
 	}
 }
 
-// onLookupResponse rewrites the answer so the client stays on the proxy.
+// onLookupResponse rewrites the answer so the client stays on the proxy,
+// or follows a Redirect itself (lookup.go).
 func (s *session) onLookupResponse(f wire.Frame) (frameAction, error) {
+	if following, err := s.takeRedirect(f); err != nil || following {
+		return actDone, err
+	}
+	s.lookupDone()
 	b, addr, result, err := rewriteLookupResponse(s.scratch[:0], f, &s.cmd)
 	if err != nil {
 		return 0, err
@@ -1024,6 +1036,7 @@ func (s *session) onClose(e *end, c gnet.Conn, err error) {
 		s.srv.m.lookupsFlight.Add(-s.lookupsOut)
 		s.lookupsOut = 0
 	}
+	s.stopFollows()
 	s.setPaused(toBroker, false)
 	s.setPaused(toClient, false)
 	if s.path != nil {

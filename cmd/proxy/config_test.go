@@ -77,3 +77,25 @@ func TestMissingBrokerURLNamed(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+// Given a config file setting the lookup-redirect options,
+// when it is parsed,
+// then the proxy config carries them, and a negative max-lookup-redirects is refused naming the key.
+func TestLookupRedirectOptions(t *testing.T) {
+	good := writeConfig(t, "broker-url: pulsar://a:6650\nmax-lookup-redirects: 5\nlookup-timeout: 3s\n")
+	bad := writeConfig(t, "broker-url: pulsar://a:6650\nmax-lookup-redirects: -1\n")
+
+	og, errGood := parseArgs([]string{"--config", good})
+	ob, errBad := parseArgs([]string{"--config", bad})
+
+	if errGood != nil || errBad != nil {
+		t.Fatal(errGood, errBad)
+	}
+	cfg, err := og.proxyConfig()
+	if err != nil || cfg.MaxLookupRedirects != 5 || cfg.LookupTimeout != 3*time.Second {
+		t.Fatalf("got %v, %+v", err, cfg)
+	}
+	if _, err := ob.proxyConfig(); err == nil || !strings.HasPrefix(err.Error(), "max-lookup-redirects:") {
+		t.Fatalf("got %v", err)
+	}
+}
