@@ -17,6 +17,13 @@ import (
 // receipt arrives there; if the original fails, the copy is forwarded by the connection that
 // holds it. Such events go through a mailbox that each connection polls on its ticks.
 //
+// Order: while a held copy waits, the sends its producer makes after it (chunks or not) are
+// queued behind it on that connection (copied, at most 16 MiB per connection; beyond that
+// they go on at once, with a logged warning), and held copies are settled in the order the
+// client sent them. So when originals fail and their copies are forwarded after all, the
+// broker still stores the producer's sends in the client's order: a later chunk of a message
+// never lands before an earlier one.
+//
 // Any goroutine may call its methods.
 type ChunkDedup struct {
 	t    *chunkdedup.Tracker

@@ -106,6 +106,7 @@ func RebatchPaths(policies *Policies, m *RebatchMetrics, chunks *ChunkDedup, log
 			known:         map[uint64]*prodInfo{},
 			requests:      map[uint64]uint64{},
 			inflightTok:   map[chunkdedup.Token]uint64{},
+			queued:        map[uint64][]queuedSend{},
 			waiting:       map[chunkdedup.Token]waitRef{},
 			log:           log.With("conn", info.ID, "client", info.ClientAddr, "broker", info.BrokerAddr),
 			pending:       map[uint64]pendingProducer{},
@@ -194,7 +195,27 @@ type rebatchPath struct {
 	inflightTok map[chunkdedup.Token]uint64 // forwarded chunks awaiting their fate -> producer id
 	waiting     map[chunkdedup.Token]waitRef
 	events      []tagEvent
+	// queued keeps a producer's sends in order behind a duplicate chunk held for its
+	// original's fate (see deferSend); queuedBytes counts the copies, bounded by
+	// maxQueuedBytes. deferErr is an engine error met while releasing them.
+	queued      map[uint64][]queuedSend
+	queuedBytes int
+	deferErr    error
 }
+
+// queuedSend is a send waiting behind a held duplicate chunk of the same producer: the held
+// chunk itself (waiting, until settled), or a later send of the client, copied.
+type queuedSend struct {
+	tok     chunkdedup.Token // the chunk's token; 0 for a send that is not a tracked chunk
+	waiting bool
+	settled bool       // a held chunk whose original's fate is known: ev
+	ev      chunkEvent // applied when the item reaches the head of the queue
+	frame   []byte
+}
+
+// maxQueuedBytes bounds the copies of sends kept in order behind held chunks, per
+// connection. Beyond it sends go on at once (a promoted chunk may then land after them).
+const maxQueuedBytes = 16 << 20
 
 // prodInfo is what the path knows of any producer on the connection.
 type prodInfo struct {
@@ -276,6 +297,9 @@ func (r *rebatchPath) FromClient(f wire.Frame, out Outputs) (Verdict, error) {
 				info.inflight++
 			}
 			return Forward, nil
+		}
+		if len(r.queued[s.ProducerID]) > 0 && r.deferSend(e, f, 0) {
+			return r.emit(s.ProducerID, e, out, nil)
 		}
 		err = e.p.Send(time.Now(), f, &r.out)
 		return r.emit(s.ProducerID, e, out, err)
@@ -592,6 +616,9 @@ func (r *rebatchPath) emit(id uint64, e *engine, out Outputs, err error) (Verdic
 		}
 		return Consumed, fmt.Errorf("producer %d (%q) on %s: %w", id, e.name, e.topic, err)
 	}
+	if err, r.deferErr = r.deferErr, nil; err != nil {
+		return Consumed, err // a queued send's, named when it was met
+	}
 	return Consumed, nil
 }
 
@@ -688,6 +715,10 @@ func (r *rebatchPath) drop(id uint64, e *engine) {
 	if r.chunks == nil {
 		return
 	}
+	for _, it := range r.queued[id] {
+		r.queuedBytes -= len(it.frame) // deferred chunks are in inflightTok: failed below
+	}
+	delete(r.queued, id)
 	for tok, w := range r.waiting {
 		if w.producerID != id {
 			continue
@@ -855,6 +886,9 @@ func (r *rebatchPath) chunkSend(f wire.Frame, s *wire.Send, out Outputs) (Verdic
 	switch d.Action {
 	case chunkdedup.Forward:
 		r.inflightTok[tok] = e.id
+		if len(r.queued[e.id]) > 0 && r.deferSend(e, f, tok) {
+			return r.emit(e.id, e, out, nil)
+		}
 		return r.emit(e.id, e, out, e.p.SendTagged(now, f, uint64(tok), &r.out))
 	case chunkdedup.AnswerNow:
 		r.log.Info("duplicate chunk answered with its stored copy", "topic", e.topic, "producer", e.name,
@@ -870,6 +904,7 @@ func (r *rebatchPath) chunkSend(f wire.Frame, s *wire.Send, out Outputs) (Verdic
 		id, err := e.p.Hold(now, f, &r.out)
 		if err == nil {
 			r.waiting[tok] = waitRef{producerID: e.id, send: id, frame: append([]byte(nil), f.Bytes()...)}
+			r.queued[e.id] = append(r.queued[e.id], queuedSend{tok: tok, waiting: true})
 		} else {
 			r.chunks.t.Cancel(tok)
 		}
@@ -917,9 +952,27 @@ func (r *rebatchPath) deliver(tok chunkdedup.Token, ev chunkEvent) {
 	r.chunks.post(tok, ev)
 }
 
-// applyEvent settles a duplicate held here: answer it, or forward it because its original
-// failed.
+// applyEvent records the fate of a duplicate held here; the held chunk is settled (answered,
+// or forwarded because its original failed) when it reaches the head of its producer's queue,
+// so held chunks promoted together still reach the broker in the order the client sent them.
 func (r *rebatchPath) applyEvent(tok chunkdedup.Token, ev chunkEvent) {
+	w, ok := r.waiting[tok]
+	if !ok {
+		return
+	}
+	q := r.queued[w.producerID]
+	for i := range q {
+		if q[i].waiting && q[i].tok == tok {
+			q[i].settled, q[i].ev = true, ev
+			r.releaseQueued(w.producerID)
+			return
+		}
+	}
+	r.settle(tok, ev)
+}
+
+// settle answers a held duplicate, or forwards it because its original failed.
+func (r *rebatchPath) settle(tok chunkdedup.Token, ev chunkEvent) {
 	w, ok := r.waiting[tok]
 	if !ok {
 		return
@@ -946,6 +999,62 @@ func (r *rebatchPath) applyEvent(tok chunkdedup.Token, ev chunkEvent) {
 		return
 	}
 	r.inflightTok[tok] = e.id
+}
+
+// deferSend queues a copy of a send (a chunk to forward, tok != 0, or any other send) behind
+// a duplicate chunk of the same producer that is held for its original's fate, so that if the
+// held copy is forwarded after all it still reaches the broker before what the client sent
+// after it. It reports false, and the caller sends at once, when the copies would exceed
+// maxQueuedBytes.
+func (r *rebatchPath) deferSend(e *engine, f wire.Frame, tok chunkdedup.Token) bool {
+	if r.queuedBytes+f.Len() > maxQueuedBytes {
+		r.log.Warn("sends queued behind held duplicate chunks exceed their bound; sending at once", "topic", e.topic,
+			"producer", e.name, "queued_bytes", r.queuedBytes, "limit", maxQueuedBytes)
+		return false
+	}
+	r.queued[e.id] = append(r.queued[e.id], queuedSend{tok: tok, frame: append([]byte(nil), f.Bytes()...)})
+	r.queuedBytes += f.Len()
+	return true
+}
+
+// releaseQueued works through producer id's queue from its head, in order: settled held
+// chunks are settled, queued sends handed to the engine, up to the first held chunk whose
+// original's fate is still unknown.
+func (r *rebatchPath) releaseQueued(id uint64) {
+	q := r.queued[id]
+	i := 0
+	for ; i < len(q); i++ {
+		it := q[i]
+		if it.waiting {
+			if !it.settled {
+				break
+			}
+			r.settle(it.tok, it.ev)
+			continue
+		}
+		e := r.producers[id]
+		r.queuedBytes -= len(it.frame)
+		f, _, err := wire.ReadFrame(it.frame, len(it.frame))
+		if e == nil || err != nil {
+			if it.tok != 0 {
+				r.events = append(r.events, tagEvent{tok: it.tok, failed: true})
+			}
+			continue
+		}
+		if it.tok != 0 {
+			err = e.p.SendTagged(time.Now(), f, uint64(it.tok), &r.out)
+		} else {
+			err = e.p.Send(time.Now(), f, &r.out)
+		}
+		if err != nil && r.deferErr == nil {
+			r.deferErr = fmt.Errorf("producer %d (%q) on %s: %w", id, e.name, e.topic, err)
+		}
+	}
+	if i == len(q) {
+		delete(r.queued, id)
+		return
+	}
+	r.queued[id] = q[i:]
 }
 
 // processNonce tells this proxy process's shared producers apart from another's on the same
