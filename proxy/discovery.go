@@ -48,9 +48,9 @@ func (k *knownBrokers) allowed(addr string) bool {
 	return ok
 }
 
-// learn records a broker address from a lookup answer.
+// learn records a broker address from a lookup answer ("": none, ignored).
 func (k *knownBrokers) learn(addr string) {
-	if k.allowed(addr) {
+	if addr == "" || k.allowed(addr) {
 		return
 	}
 	k.mu.Lock()
