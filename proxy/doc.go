@@ -50,7 +50,9 @@
 //     answers.
 //  2. No open relay (DESIGN contract 6). A proxy_to_broker_url that is not
 //     a configured service broker, an allowed broker, or a broker learned
-//     from a lookup answer is answered with
+//     from a broker's own frames (a lookup answer or redirect, or the
+//     assigned_broker_service_url of a CLOSE_PRODUCER / CLOSE_CONSUMER that
+//     moves a topic under the extensible load manager) is answered with
 //     ERROR(ServiceNotReady, "Target broker cannot be validated.") and the
 //     connection is closed, as Pulsar's proxy does. Learned addresses are
 //     bounded (oldest forgotten first).

@@ -597,6 +597,8 @@ func (s *session) onFrame(d direction, f wire.Frame) (frameAction, error) {
 		s.srv.m.lookups[lookupPartitionedMetadata].Add(1)
 	case pulsarpb.BaseCommand_SEND_ERROR:
 		s.noteSendError(f)
+	case pulsarpb.BaseCommand_CLOSE_PRODUCER, pulsarpb.BaseCommand_CLOSE_CONSUMER:
+		s.learnAssignedBroker(f)
 	}
 	if isProducerFrame(d, t) {
 		return s.toPath(d, f)
@@ -919,6 +921,28 @@ func (s *session) onLookupResponse(f wire.Frame) (frameAction, error) {
 		return 0, err
 	}
 	return actDone, nil
+}
+
+// learnAssignedBroker learns the broker a CLOSE_PRODUCER or CLOSE_CONSUMER
+// names in assigned_broker_service_url (extensible load manager: the topic
+// moved there). Clients that know they are proxied reconnect through the
+// proxy with that broker in proxy_to_broker_url instead of looking the topic
+// up again, so the allow-list must already hold it; the frame itself is
+// forwarded unchanged. Runs on the loop (these frames are rare).
+func (s *session) learnAssignedBroker(f wire.Frame) {
+	if wire.DecodeCommand(f, &s.cmd) != nil {
+		return
+	}
+	var u string
+	if c := s.cmd.GetCloseProducer(); c != nil {
+		u = c.GetAssignedBrokerServiceUrl()
+	} else if c := s.cmd.GetCloseConsumer(); c != nil {
+		u = c.GetAssignedBrokerServiceUrl()
+	}
+	if a := addrOf(u); a != "" {
+		s.srv.known.learn(a)
+		s.logger().Info("broker moved a topic; its new broker is an allowed target", "command", f.Type().String(), "assigned_broker", u)
+	}
 }
 
 // noteProducer remembers a producer's topic for logs.

@@ -121,6 +121,38 @@ func TestLookupAnswerRewrittenAndBrokerLearned(t *testing.T) {
 	expect(t, other.accept(t), pulsarpb.BaseCommand_CONNECT)
 }
 
+// Given an established pair and a broker the proxy has never seen,
+// when the broker closes a producer or a consumer naming that broker in
+// assigned_broker_service_url (the extensible load manager moved the topic),
+// then the client gets the frame unchanged, and a data connection naming the
+// assigned broker is accepted: clients reconnect there through the proxy.
+func TestAssignedBrokerOfCloseLearned(t *testing.T) {
+	for _, typ := range []pulsarpb.BaseCommand_Type{pulsarpb.BaseCommand_CLOSE_PRODUCER, pulsarpb.BaseCommand_CLOSE_CONSUMER} {
+		t.Run(typ.String(), func(t *testing.T) {
+			fb, other := newFakeBroker(t), newFakeBroker(t)
+			_, addr, _ := startProxy(t, []string{fb.addr()}, nil)
+			client, broker := handshake(t, addr, fb, "")
+			url := proto.String("pulsar://" + other.addr())
+			cmd := &pulsarpb.BaseCommand{Type: typ.Enum()}
+			if typ == pulsarpb.BaseCommand_CLOSE_PRODUCER {
+				cmd.CloseProducer = &pulsarpb.CommandCloseProducer{ProducerId: proto.Uint64(1), RequestId: proto.Uint64(9), AssignedBrokerServiceUrl: url}
+			} else {
+				cmd.CloseConsumer = &pulsarpb.CommandCloseConsumer{ConsumerId: proto.Uint64(1), RequestId: proto.Uint64(9), AssignedBrokerServiceUrl: url}
+			}
+			b := frame(t, cmd)
+
+			send(t, broker, b)
+
+			if _, got := expect(t, client, typ); !bytes.Equal(got, b) {
+				t.Fatal("the close frame reached the client changed")
+			}
+			data := dial(t, addr)
+			send(t, data, frame(t, connectCmd(other.addr())))
+			expect(t, other.accept(t), pulsarpb.BaseCommand_CONNECT)
+		})
+	}
+}
+
 // Given a proxy,
 // when a client's first frame is a SEND instead of CONNECT,
 // then the connection is closed with an out-of-order log line, and another client still connects.
