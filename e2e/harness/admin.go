@@ -149,9 +149,21 @@ func (b *Broker) PartitionCount(ctx context.Context, topic string) (int, error) 
 // SignToken returns an HS256 JWT with the given subject, as Pulsar's token authentication
 // provider verifies it with a secret key.
 func SignToken(key []byte, subject string) string {
+	return signJWT(key, `{"sub":`+strconv.Quote(subject)+`}`)
+}
+
+// SignTokenExpiring is SignToken with an exp claim: the token is valid until exp (whole
+// seconds, rounded down), after which the broker refuses it and challenges a connection that
+// authenticated with it.
+func SignTokenExpiring(key []byte, subject string, exp time.Time) string {
+	return signJWT(key, `{"sub":`+strconv.Quote(subject)+`,"exp":`+strconv.FormatInt(exp.Unix(), 10)+`}`)
+}
+
+// signJWT signs the JSON claims with HMAC-SHA256 as a compact JWT.
+func signJWT(key []byte, claims string) string {
 	enc := base64.RawURLEncoding
 	head := enc.EncodeToString([]byte(`{"alg":"HS256"}`))
-	body := enc.EncodeToString([]byte(`{"sub":` + strconv.Quote(subject) + `}`))
+	body := enc.EncodeToString([]byte(claims))
 	mac := hmac.New(sha256.New, key)
 	mac.Write([]byte(head + "." + body))
 	return head + "." + body + "." + enc.EncodeToString(mac.Sum(nil))

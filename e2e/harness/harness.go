@@ -9,7 +9,8 @@
 //   - A broker that cannot be reached or started fails the whole binary with a message saying
 //     why. Nothing here skips a test: an end-to-end test that cannot run must fail.
 //   - Tests that need a broker configured differently (de-duplication broker-wide, a small
-//     maxMessageSize, token authentication) call StartBroker for a private one.
+//     maxMessageSize, token authentication, a short credential-refresh check) call StartBroker
+//     for a private one.
 //
 // Every function here may be called from any goroutine; Broker values are read-only after start.
 package harness
@@ -55,6 +56,10 @@ type Options struct {
 	MaxMessageSize int
 	// TokenAuth turns on JWT (HS256) token authentication.
 	TokenAuth bool
+	// AuthRefreshSeconds sets the broker's authenticationRefreshCheckSeconds: how often it checks
+	// every connection's credentials and sends AUTH_CHALLENGE on one whose token has expired.
+	// Zero keeps Pulsar's 60 s default.
+	AuthRefreshSeconds int
 	// Instance names the broker's directory under .pulsar/run; empty picks a unique name.
 	Instance string
 }
@@ -164,6 +169,9 @@ func StartBroker(opts Options) (*Broker, error) {
 	if opts.MaxMessageSize > 0 {
 		env = append(env, "PULSAR_MAX_MESSAGE_SIZE="+strconv.Itoa(opts.MaxMessageSize))
 	}
+	if opts.AuthRefreshSeconds > 0 {
+		env = append(env, "PULSAR_AUTH_REFRESH_SECONDS="+strconv.Itoa(opts.AuthRefreshSeconds))
+	}
 	if opts.TokenAuth {
 		env = append(env, "PULSAR_AUTH=token")
 	} else {
@@ -236,14 +244,28 @@ func (b *Broker) Stop() error {
 
 // Token returns an HS256 token for subject, signed with the broker's secret key.
 func (b *Broker) Token(subject string) (string, error) {
-	if b.TokenSecretFile == "" {
-		return "", fmt.Errorf("broker %s has no token secret key", b.AdminURL)
-	}
-	key, err := os.ReadFile(b.TokenSecretFile)
+	key, err := b.tokenKey()
 	if err != nil {
 		return "", err
 	}
 	return SignToken(key, subject), nil
+}
+
+// TokenExpiring returns an HS256 token for subject that expires at exp (its exp claim), signed
+// with the broker's secret key.
+func (b *Broker) TokenExpiring(subject string, exp time.Time) (string, error) {
+	key, err := b.tokenKey()
+	if err != nil {
+		return "", err
+	}
+	return SignTokenExpiring(key, subject, exp), nil
+}
+
+func (b *Broker) tokenKey() ([]byte, error) {
+	if b.TokenSecretFile == "" {
+		return nil, fmt.Errorf("broker %s has no token secret key", b.AdminURL)
+	}
+	return os.ReadFile(b.TokenSecretFile)
 }
 
 func freePort() (int, error) {

@@ -18,6 +18,8 @@
 #   PULSAR_DEDUP         broker-wide de-duplication, true|false [false]
 #   PULSAR_MAX_MESSAGE_SIZE  broker maxMessageSize in bytes [5242880]
 #   PULSAR_AUTH          none|token: token turns on JWT (HS256) authentication [none]
+#   PULSAR_AUTH_REFRESH_SECONDS  authenticationRefreshCheckSeconds: how often the broker checks
+#                        each connection's credentials for expiry and sends AUTH_CHALLENGE [60]
 #   PULSAR_HEAP          JVM heap, at most 1g by design [1g]
 #   PULSAR_READY_TIMEOUT seconds to wait for readiness [180]
 #   PULSAR_EXTRA_CONF    extra "key=value" lines appended to the broker config
@@ -39,6 +41,7 @@ PULSAR_WEB_PORT=${PULSAR_WEB_PORT:-18080}
 PULSAR_DEDUP=${PULSAR_DEDUP:-false}
 PULSAR_MAX_MESSAGE_SIZE=${PULSAR_MAX_MESSAGE_SIZE:-5242880}
 PULSAR_AUTH=${PULSAR_AUTH:-none}
+PULSAR_AUTH_REFRESH_SECONDS=${PULSAR_AUTH_REFRESH_SECONDS:-60}
 PULSAR_HEAP=${PULSAR_HEAP:-1g}
 PULSAR_READY_TIMEOUT=${PULSAR_READY_TIMEOUT:-180}
 PULSAR_EXTRA_CONF=${PULSAR_EXTRA_CONF:-}
@@ -134,6 +137,7 @@ clusterName=standalone
 brokerDeduplicationEnabled=$PULSAR_DEDUP
 maxMessageSize=$PULSAR_MAX_MESSAGE_SIZE
 nettyMaxFrameSizeBytes=$((PULSAR_MAX_MESSAGE_SIZE + 10240))
+authenticationRefreshCheckSeconds=$PULSAR_AUTH_REFRESH_SECONDS
 # Small caches: the bookie's DbLedgerStorage caches default to fractions of direct memory.
 dbStorage_writeCacheMaxSizeMb=32
 dbStorage_readAheadCacheMaxSizeMb=32
@@ -174,6 +178,8 @@ cmd_start() {
     if is_ready; then log "instance '$PULSAR_INSTANCE' already running and ready on $web"; return 0; fi
     cmd_stop
   fi
+  [[ "$PULSAR_AUTH_REFRESH_SECONDS" =~ ^[1-9][0-9]*$ ]] ||
+    die "PULSAR_AUTH_REFRESH_SECONDS must be a whole number of seconds >= 1, not '$PULSAR_AUTH_REFRESH_SECONDS'"
   for p in "$PULSAR_BROKER_PORT" "$PULSAR_WEB_PORT"; do
     port_busy "$p" && die "port 127.0.0.1:$p is already in use; set PULSAR_BROKER_PORT/PULSAR_WEB_PORT"
   done
@@ -212,7 +218,7 @@ cmd_start() {
   local ms=$((($(date +%s%N) - t0) / 1000000)); local secs="$((ms / 1000)).$(printf '%03d' $((ms % 1000)))"
   local version; version=$(curl_admin /admin/v2/brokers/version 2>/dev/null || echo "$PULSAR_VERSION")
   echo "$version" >"$run/version"
-  log "Apache Pulsar $version ready in ${secs}s: pulsar://127.0.0.1:$PULSAR_BROKER_PORT $web (instance $PULSAR_INSTANCE, pid $(cat "$run/pulsar.pid"), dedup=$PULSAR_DEDUP, maxMessageSize=$PULSAR_MAX_MESSAGE_SIZE, auth=$PULSAR_AUTH)"
+  log "Apache Pulsar $version ready in ${secs}s: pulsar://127.0.0.1:$PULSAR_BROKER_PORT $web (instance $PULSAR_INSTANCE, pid $(cat "$run/pulsar.pid"), dedup=$PULSAR_DEDUP, maxMessageSize=$PULSAR_MAX_MESSAGE_SIZE, auth=$PULSAR_AUTH, authRefresh=${PULSAR_AUTH_REFRESH_SECONDS}s)"
 }
 
 cmd_stop() {
