@@ -108,7 +108,7 @@ func TestBadInputClosesOnlyThatConnection(t *testing.T) {
 		{"garbage", true, []byte("\x00\x00\x00\x05garbage!!"), false, "corrupt frame"},
 		{"frame over max size", true, oversize, false, "frame too large"},
 		{"command overruns frame", true, []byte{0, 0, 0, 8, 0, 0, 0, 100, 8, 18, 0, 0}, false, "corrupt frame"},
-		{"truncated frame then close", true, send[:len(send)-3], true, "incomplete frame"},
+		{"truncated frame then close", true, send[:len(send)-3], true, "connection closed mid-frame"},
 		{"SEND before CONNECT", false, send, false, "SEND before CONNECT"},
 	}
 	for _, tc := range cases {
