@@ -47,14 +47,7 @@ func chunkFrame(t *testing.T, id int32) wire.Frame {
 		&pulsarpb.MessageMetadata{ProducerName: proto.String("p"), SequenceId: proto.Uint64(5), PublishTime: proto.Uint64(1),
 			Uuid: proto.String("p-5"), ChunkId: proto.Int32(id), NumChunksFromMsg: proto.Int32(3), TotalChunkMsgSize: proto.Int32(300)},
 		make([]byte, 100))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, _, err := wire.ReadFrame(b, 5<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return f
+	return frameOf(t, b, err)
 }
 
 // sentChunkIDs returns the chunk ids of the SENDs the path wrote to the broker, in order.

@@ -46,6 +46,12 @@ func (o captureOut) ToClient(b []byte) { o.c.client = append(o.c.client, decodeA
 func cmdFrame(t *testing.T, cmd *pulsarpb.BaseCommand) wire.Frame {
 	t.Helper()
 	b, err := wire.AppendCommandFrame(nil, cmd)
+	return frameOf(t, b, err)
+}
+
+// frameOf reads the frame an Append function built (and fails on its error).
+func frameOf(t *testing.T, b []byte, err error) wire.Frame {
+	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}
