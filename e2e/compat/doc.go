@@ -4,9 +4,14 @@
 // Contract:
 //   - TestMatrix runs, for each driver, the cells listed in columns (matrix_test.go): produce and consume on a
 //     non-partitioned and a partitioned topic with batching on and off, the four subscription
-//     types, chunked messages, a JSON schema, redelivery after a negative ack, and token
+//     types, chunked messages, a JSON schema, redelivery after a negative ack, token
 //     authentication (a good token accepted, a bad one refused with the same error the client
-//     reports when it talks to the broker directly).
+//     reports when it talks to the broker directly), and a topic whose lookup the broker
+//     redirects to a second broker (harness.SetUpRedirect): the messages are stored on the
+//     second broker, and the proxy's log shows it followed the redirect for that topic.
+//   - The redirect's precondition (the broker answers LOOKUP with Redirect to the second broker)
+//     is checked on the broker directly before any driver runs; if it does not hold, the test
+//     fails.
 //   - Each cell is pass, FAIL or unsupported. A cell is unsupported only when the driver itself
 //     refused the request with its "unsupported" exit (the client version lacks the feature) and
 //     the driver table (drivers.Driver.Supports) agrees; a refusal the table does not expect is a

@@ -20,12 +20,12 @@ var (
 
 func TestMain(m *testing.M) { os.Exit(harness.Run(m, harness.Options{})) }
 
-// startProxy runs the proxy in-process in front of b (harness.StartProxy), logging warnings to
-// the returned buffer, and returns its pulsar:// URL and a function that stops it.
-func startProxy(b *harness.Broker) (string, *harness.LogBuffer, func(), error) {
+// startProxy runs the proxy in-process in front of b (harness.StartProxy), logging at level and
+// above to the returned buffer, and returns its pulsar:// URL and a function that stops it.
+func startProxy(b *harness.Broker, level slog.Level) (string, *harness.LogBuffer, func(), error) {
 	logs := &harness.LogBuffer{}
 	p, err := harness.StartProxy(b.ServiceURL, func(c *proxy.Config) {
-		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: level}))
 	})
 	if err != nil {
 		return "", nil, nil, err

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -41,6 +42,7 @@ var columns = []column{
 	{"nack", "nack redelivery", ""},
 	{"token-good", "good token", ""},
 	{"token-bad", "bad token refused", ""},
+	{"redirect", "redirected lookup", ""},
 }
 
 func columnByID(id string) column {
@@ -138,13 +140,22 @@ type env struct {
 	tokErr   error
 	good     string
 	bad      string
+
+	rdReady chan struct{}    // closed when the redirect (broker B, the set-up on b and B, its proxy) is ready or failed
+	rd      harness.Redirect // b redirects lookups of rd.Namespace to rd.B
+	rdURL   string           // a proxy in front of b that logs its lookups (Info)
+	rdLogs  *harness.LogBuffer
+	rdErr   error
 }
 
 var unsafeChars = regexp.MustCompile(`[^a-zA-Z0-9-]`)
 
-func topicName(d *drivers.Driver, what string) string {
+func topicName(d *drivers.Driver, what string) string { return topicIn("public/default", d, what) }
+
+// topicIn is a unique topic of namespace ns for driver d.
+func topicIn(ns string, d *drivers.Driver, what string) string {
 	n := unsafeChars.ReplaceAllString(d.Name+"-"+what, "-")
-	return "persistent://public/default/compat-" + n + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	return "persistent://" + ns + "/compat-" + n + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 }
 
 // interleave orders drivers so that those running at the same time are of different kinds (JVM
@@ -172,7 +183,9 @@ func interleave(all []*drivers.Driver) []*drivers.Driver {
 }
 
 // Given the default broker and a private one with token authentication and a 64 KiB
-// maxMessageSize, each with the proxy in front of it,
+// maxMessageSize, each with the proxy in front of it, and a second private broker B to which the
+// default broker redirects the lookups of one namespace (harness.SetUpRedirect), with another
+// proxy in front of the default broker,
 // when every driver runs the matrix's cells through the proxies,
 // then every cell a client supports passes, and the generated matrix is written.
 func TestMatrix(t *testing.T) {
@@ -199,8 +212,8 @@ func TestMatrix(t *testing.T) {
 			t.Fatalf("%v (run e2e/drivers/setup.sh first)", err)
 		}
 	}
-	e := &env{b: harness.Default(t), tokReady: make(chan struct{})}
-	url, logs, stop, err := startProxy(e.b)
+	e := &env{b: harness.Default(t), tokReady: make(chan struct{}), rdReady: make(chan struct{})}
+	url, logs, stop, err := startProxy(e.b, slog.LevelWarn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +229,42 @@ func TestMatrix(t *testing.T) {
 			e.good, e.tokErr = e.tok.Token("compat")
 		}
 		if e.tokErr == nil {
-			e.tokURL, tokLogs, tokStop, e.tokErr = startProxy(e.tok)
+			e.tokURL, tokLogs, tokStop, e.tokErr = startProxy(e.tok, slog.LevelWarn)
+		}
+	}()
+	var rdStop func()
+	go func() {
+		defer close(e.rdReady)
+		// After the token broker: two brokers starting at once on a small machine, next to the
+		// first drivers, take more than twice as long each.
+		<-e.tokReady
+		b, err := harness.StartBroker(harness.Options{})
+		if err != nil {
+			e.rdErr = fmt.Errorf("starting broker B: %w", err)
+			return
+		}
+		e.rd.B = b
+		if e.rd, e.rdErr = harness.SetUpRedirect(t, e.b, b); e.rdErr != nil {
+			return
+		}
+		// The proxy knows only the default broker; it learns B from the lookup answers.
+		e.rdURL, e.rdLogs, rdStop, e.rdErr = startProxy(e.b, slog.LevelInfo)
+	}()
+	defer func() {
+		<-e.rdReady
+		if e.rdErr != nil {
+			t.Errorf("lookup redirect: %v", e.rdErr)
+		}
+		if rdStop != nil {
+			rdStop()
+		}
+		if e.rd.B != nil {
+			if err := e.rd.B.Stop(); err != nil {
+				t.Errorf("stopping broker B: %v", err)
+			}
+		}
+		if t.Failed() && e.rdLogs != nil {
+			t.Logf("proxy log (lookup redirects):\n%s", e.rdLogs)
 		}
 	}()
 	defer func() {
@@ -298,12 +346,12 @@ func TestMatrix(t *testing.T) {
 	}
 }
 
-// runDriver runs one driver's groups of cells: the groups that use the default broker and the
-// one that uses the token broker at the same time, then the subscription group, whose idle
-// consumers are timing-sensitive.
+// runDriver runs one driver's groups of cells: the groups that use the default broker, the one
+// that uses the token broker and the redirected lookup at the same time, then the subscription
+// group, whose idle consumers are timing-sensitive.
 func runDriver(ctx context.Context, r *row, e *env) {
 	var wg sync.WaitGroup
-	for _, g := range []func(context.Context, *row, *env){produceConsume(0), produceConsume(3), schemaNack, tokenGroup} {
+	for _, g := range []func(context.Context, *row, *env){produceConsume(0), produceConsume(3), schemaNack, tokenGroup, redirected} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -852,6 +900,70 @@ func subscriptions(ctx context.Context, r *row, e *env) {
 			r.t.Logf("key_shared: %d + %d messages", len(results["key_shared"][0]), len(results["key_shared"][1]))
 			r.pass("key_shared")
 		}
+	}
+}
+
+// redirected: through the proxy in front of the default broker, which redirects the lookups of
+// the topic's namespace to broker B, produce n keyed messages and consume them. Passes when
+// every send is acknowledged, each message is delivered once in order, B stored all n, and the
+// proxy's log shows it followed the redirect for the topic (the producer's and the consumer's
+// lookups: at least 2) and never failed to.
+func redirected(ctx context.Context, r *row, e *env) {
+	const col, n, keys, size = "redirect", 10, 2, 32
+	select {
+	case <-e.rdReady:
+	case <-ctx.Done():
+		r.fail(col, "timed out waiting for the lookup redirect set-up")
+		return
+	}
+	if e.rdErr != nil {
+		r.fail(col, "no lookup redirect from the default broker to broker B: %v", e.rdErr)
+		return
+	}
+	topic := topicIn(e.rd.Namespace, r.d, "redirect")
+	p, err := r.d.Produce(ctx, drivers.ProduceSpec{URL: e.rdURL, Topic: topic, Count: n, KeyMode: "seq", Keys: keys,
+		Size: size, Timeout: time.Minute})
+	if !r.step(col, "produce", err) {
+		return
+	}
+	got, err := r.d.Consume(ctx, drivers.ConsumeSpec{URL: e.rdURL, Topic: topic, Subscription: "r", Count: n,
+		InitialPosition: "earliest", Timeout: time.Minute})
+	if !r.step(col, "consume", err) {
+		return
+	}
+	entries, err := e.rd.B.StoredEntries(ctx, topic)
+	if err != nil {
+		r.fail(col, "reading the topic on broker B: %v", err)
+		return
+	}
+	stored := 0
+	for _, en := range entries {
+		stored += en.NumMessages
+	}
+	followed, failed := 0, 0
+	for _, l := range strings.Split(e.rdLogs.String(), "\n") {
+		if !strings.Contains(l, topic) {
+			continue
+		}
+		switch {
+		case strings.Contains(l, "lookup redirect followed") && strings.Contains(l, e.rd.B.ServiceURL):
+			followed++
+		case strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR"):
+			failed++
+		}
+	}
+	switch {
+	case len(p.Acks) != n:
+		r.fail(col, "%d of %d sends acknowledged", len(p.Acks), n)
+	case checkDelivered(got.Messages, n, keys, size, total) != "":
+		r.fail(col, "delivery: %s", checkDelivered(got.Messages, n, keys, size, total))
+	case stored != n:
+		r.fail(col, "broker B stored %d messages in %d entries, want %d", stored, len(entries), n)
+	case followed < 2 || failed > 0:
+		r.fail(col, "the proxy followed the redirect to B %d times for the topic (want at least 2) and logged %d warnings for it", followed, failed)
+	default:
+		r.t.Logf("redirected lookup: B stored %d messages in %d entries; the proxy followed %d redirects", stored, len(entries), followed)
+		r.pass(col)
 	}
 }
 

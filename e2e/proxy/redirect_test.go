@@ -1,14 +1,10 @@
 package proxy_test
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,29 +18,9 @@ import (
 	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
 )
 
-// A standalone broker never redirects a lookup by itself. A real cluster redirect comes from
-// two standalone brokers, A (the shared one) and B (private), with this configuration on A
-// (checked against Apache Pulsar 4.0.8; TopicLookupBase.lookupTopicAsync answers
-// Redirect(authoritative) to a peer cluster's brokerServiceUrl when the topic's namespace
-// neither replicates to nor allows A's own cluster):
-//
-//   - cluster "<other>" with brokerServiceUrl = B (PUT /admin/v2/clusters/<other>);
-//   - A's cluster "standalone" has <other> as a peer (POST /admin/v2/clusters/standalone/peers);
-//   - a tenant allowing [standalone, <other>], and a namespace created with
-//     replication_clusters [<other>]; its allowed_clusters, which creation fills with
-//     [standalone], set to [<other>] (POST .../allowedClusters): without that, A serves the
-//     topic itself;
-//   - B has the same tenant and namespace, local to its own cluster.
-//
-// A second peer cluster "<loop>" naming A itself makes A redirect to itself forever.
-type redirectSetup struct {
-	movedNS   string // namespace A redirects to B
-	loopNS    string // namespace A redirects to A
-	bURL      string // B's service URL as A names it
-	aURL      string
-	otherName string
-}
-
+// A standalone broker never redirects a lookup by itself: harness.SetUpRedirect configures a
+// real cluster redirect on two standalone brokers, A (the shared one) and B (private), and checks
+// on A directly that it redirects one namespace to B and another to A itself.
 func TestLookupRedirectsFollowedByProxy(t *testing.T) {
 	a := harness.Default(t)
 	b, err := harness.StartBroker(harness.Options{})
@@ -56,9 +32,10 @@ func TestLookupRedirectsFollowedByProxy(t *testing.T) {
 			t.Errorf("stopping broker B: %v", err)
 		}
 	})
-	rs := setUpRedirects(t, a, b)
-	requireRedirect(t, a.ServiceURL, "persistent://"+rs.movedNS+"/precondition", rs.bURL)
-	requireRedirect(t, a.ServiceURL, "persistent://"+rs.loopNS+"/precondition", rs.aURL)
+	rd, err := harness.SetUpRedirect(t, a, b)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	logs := &harness.LogBuffer{}
 	px, err := harness.StartProxy(a.ServiceURL, func(c *proxy.Config) {
@@ -81,12 +58,12 @@ func TestLookupRedirectsFollowedByProxy(t *testing.T) {
 			t.Fatalf("got %v", cmd)
 		}
 
-		_, _ = c.Write(rawLookup(t, "persistent://"+rs.movedNS+"/raw", 42))
+		_, _ = c.Write(rawLookup(t, rd.Topic("raw"), 42))
 
 		r := readCommand(t, c).GetLookupTopicResponse()
 		if r.GetResponse() != pulsarpb.CommandLookupTopicResponse_Connect || r.GetRequestId() != 42 ||
-			!r.GetProxyThroughServiceUrl() || r.GetBrokerServiceUrl() != rs.bURL {
-			t.Fatalf("got %v, want Connect to %s through the proxy", r, rs.bURL)
+			!r.GetProxyThroughServiceUrl() || r.GetBrokerServiceUrl() != b.ServiceURL {
+			t.Fatalf("got %v, want Connect to %s through the proxy", r, b.ServiceURL)
 		}
 		_ = c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
 		if n, err := c.Read(make([]byte, 1)); n > 0 || !isTimeout(err) {
@@ -100,7 +77,7 @@ func TestLookupRedirectsFollowedByProxy(t *testing.T) {
 	// and consumes them,
 	// then every message comes back once, and B stored all 100.
 	t.Run("go client", func(t *testing.T) {
-		topic := fmt.Sprintf("persistent://%s/go-%d", rs.movedNS, time.Now().UnixNano())
+		topic := rd.Topic(fmt.Sprintf("go-%d", time.Now().UnixNano()))
 		followed := lookupCount(t, px.Server, "redirect_followed")
 		c := newClient(t, px.URL, nil)
 		cons, err := c.Subscribe(pulsar.ConsumerOptions{Topic: topic, SubscriptionName: "s", SubscriptionInitialPosition: pulsar.SubscriptionPositionEarliest})
@@ -159,7 +136,7 @@ func TestLookupRedirectsFollowedByProxy(t *testing.T) {
 		readCommand(t, c)
 		start := time.Now()
 
-		_, _ = c.Write(rawLookup(t, "persistent://"+rs.loopNS+"/loop", 43))
+		_, _ = c.Write(rawLookup(t, "persistent://"+rd.LoopNamespace+"/loop", 43))
 
 		r := readCommand(t, c).GetLookupTopicResponse()
 		took := time.Since(start)
@@ -175,103 +152,6 @@ func TestLookupRedirectsFollowedByProxy(t *testing.T) {
 		}
 		t.Logf("20 redirects followed and refused in %v", took.Round(time.Millisecond))
 	})
-}
-
-// setUpRedirects configures A and B as described above under unique names and restores A's
-// cluster configuration when the test ends.
-func setUpRedirects(t *testing.T, a, b *harness.Broker) redirectSetup {
-	t.Helper()
-	ctx := ctxT(t, 2*time.Minute)
-	sfx := strconv.FormatInt(time.Now().UnixNano(), 36)
-	rs := redirectSetup{aURL: a.ServiceURL, bURL: b.ServiceURL, otherName: "rd-other-" + sfx}
-	loopName, tenant := "rd-loop-"+sfx, "rd-"+sfx
-	rs.movedNS, rs.loopNS = tenant+"/moved", tenant+"/loop"
-	must := func(br *harness.Broker, method, path string, v any) []byte {
-		t.Helper()
-		out, err := br.Admin(ctx, method, path, v)
-		if err != nil {
-			t.Fatalf("setting up redirects: %v", err)
-		}
-		return out
-	}
-
-	// B: the namespace lives there.
-	must(b, http.MethodPut, "/admin/v2/tenants/"+tenant, map[string]any{"allowedClusters": []string{"standalone"}})
-	must(b, http.MethodPut, "/admin/v2/namespaces/"+rs.movedNS, nil)
-
-	// A: two peer clusters, B and A itself.
-	var peers []string
-	if out := must(a, http.MethodGet, "/admin/v2/clusters/standalone/peers", nil); len(strings.TrimSpace(string(out))) > 0 {
-		if err := json.Unmarshal(out, &peers); err != nil {
-			t.Fatalf("peers of standalone: %q: %v", out, err)
-		}
-	}
-	must(a, http.MethodPut, "/admin/v2/clusters/"+rs.otherName, map[string]string{"serviceUrl": b.AdminURL, "brokerServiceUrl": b.ServiceURL})
-	must(a, http.MethodPut, "/admin/v2/clusters/"+loopName, map[string]string{"serviceUrl": a.AdminURL, "brokerServiceUrl": a.ServiceURL})
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		restore := append([]string{}, peers...)
-		if _, err := a.Admin(ctx, http.MethodPost, "/admin/v2/clusters/standalone/peers", restore); err != nil {
-			t.Errorf("restoring the peer clusters of standalone on A: %v", err)
-		}
-		// Best effort: a namespace replicated elsewhere is deleted only once it is local again.
-		for _, nc := range [][2]string{{rs.movedNS, rs.otherName}, {rs.loopNS, loopName}} {
-			for _, step := range []struct {
-				method, path string
-				v            any
-			}{
-				{http.MethodPost, "/admin/v2/namespaces/" + nc[0] + "/allowedClusters", []string{"standalone", nc[1]}},
-				{http.MethodPost, "/admin/v2/namespaces/" + nc[0] + "/replication", []string{"standalone"}},
-				{http.MethodPost, "/admin/v2/namespaces/" + nc[0] + "/allowedClusters", []string{"standalone"}},
-				{http.MethodDelete, "/admin/v2/namespaces/" + nc[0], nil},
-			} {
-				if _, err := a.Admin(ctx, step.method, step.path, step.v); err != nil {
-					t.Logf("cleanup on A: %v", err)
-					break
-				}
-			}
-		}
-		for _, p := range []string{"/admin/v2/tenants/" + tenant, "/admin/v2/clusters/" + rs.otherName, "/admin/v2/clusters/" + loopName} {
-			if _, err := a.Admin(ctx, http.MethodDelete, p, nil); err != nil {
-				t.Logf("cleanup on A: %v", err)
-			}
-		}
-	})
-	must(a, http.MethodPost, "/admin/v2/clusters/standalone/peers", append(append([]string{}, peers...), rs.otherName, loopName))
-	must(a, http.MethodPut, "/admin/v2/tenants/"+tenant, map[string]any{"allowedClusters": []string{"standalone", rs.otherName, loopName}})
-	for _, nc := range [][2]string{{rs.movedNS, rs.otherName}, {rs.loopNS, loopName}} {
-		must(a, http.MethodPut, "/admin/v2/namespaces/"+nc[0], map[string]any{"replication_clusters": []string{nc[1]}})
-		must(a, http.MethodPost, "/admin/v2/namespaces/"+nc[0]+"/allowedClusters", []string{nc[1]})
-	}
-	return rs
-}
-
-// requireRedirect asserts, without the proxy, that the broker at serviceURL answers a LOOKUP
-// for topic with Redirect(authoritative) to want. Policy changes reach the broker's cache
-// asynchronously, so it asks for up to 15 s before failing.
-func requireRedirect(t *testing.T, serviceURL, topic, want string) {
-	t.Helper()
-	addr, err := proxy.BrokerAddress(serviceURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		c := dialT(t, addr)
-		_, _ = c.Write(rawConnect(t, "", ""))
-		readCommand(t, c)
-		_, _ = c.Write(rawLookup(t, topic, 1))
-		r := readCommand(t, c).GetLookupTopicResponse()
-		c.Close()
-		if r.GetResponse() == pulsarpb.CommandLookupTopicResponse_Redirect && r.GetBrokerServiceUrl() == want && r.GetAuthoritative() {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("precondition: broker %s does not redirect %s to %s; it answered %v", serviceURL, topic, want, r)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }
 
 func rawLookup(t *testing.T, topic string, id uint64) []byte {
