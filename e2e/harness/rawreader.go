@@ -29,28 +29,11 @@ type RawEntry struct {
 // broker, and returns entries until they hold at least messages messages. The broker must own
 // the topic (a standalone broker always does).
 func (b *Broker) ReadRawEntries(ctx context.Context, topic string, messages int) ([]RawEntry, error) {
-	addr := strings.TrimPrefix(b.ServiceURL, "pulsar://")
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", addr)
+	rw, err := b.rawConnect(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
-	}
-	rw := &rawConn{c: conn}
-	connect := &pulsarpb.CommandConnect{ClientVersion: proto.String("rebatchproxy-harness"), ProtocolVersion: proto.Int32(20)}
-	if b.AdminToken != "" {
-		connect.AuthMethodName = proto.String("token")
-		connect.AuthData = []byte(b.AdminToken)
-	}
-	if err := rw.send(&pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CONNECT.Enum(), Connect: connect}); err != nil {
-		return nil, err
-	}
-	if _, err := rw.expect(pulsarpb.BaseCommand_CONNECTED); err != nil {
-		return nil, err
-	}
+	defer rw.c.Close()
 	sub := fmt.Sprintf("harness-raw-%d", time.Now().UnixNano())
 	if err := rw.send(&pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_SUBSCRIBE.Enum(), Subscribe: &pulsarpb.CommandSubscribe{
 		Topic: proto.String(topic), Subscription: proto.String(sub), SubType: pulsarpb.CommandSubscribe_Exclusive.Enum(),
@@ -94,6 +77,34 @@ func (b *Broker) ReadRawEntries(ctx context.Context, topic string, messages int)
 type rawConn struct {
 	c   net.Conn
 	buf []byte
+}
+
+// rawConnect dials b and completes the CONNECT handshake (with the admin token when b has
+// one) on a plain protocol connection bounded by ctx's deadline; the caller closes rw.c.
+func (b *Broker) rawConnect(ctx context.Context) (*rawConn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", strings.TrimPrefix(b.ServiceURL, "pulsar://"))
+	if err != nil {
+		return nil, err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	rw := &rawConn{c: conn}
+	connect := &pulsarpb.CommandConnect{ClientVersion: proto.String("rebatchproxy-harness"), ProtocolVersion: proto.Int32(20)}
+	if b.AdminToken != "" {
+		connect.AuthMethodName = proto.String("token")
+		connect.AuthData = []byte(b.AdminToken)
+	}
+	if err := rw.send(&pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CONNECT.Enum(), Connect: connect}); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if _, err := rw.expect(pulsarpb.BaseCommand_CONNECTED); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return rw, nil
 }
 
 func (r *rawConn) send(cmd *pulsarpb.BaseCommand) error {

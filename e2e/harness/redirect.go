@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -189,27 +188,11 @@ func (b *Broker) waitRedirect(ctx context.Context, topic, want string) error {
 func (b *Broker) Lookup(ctx context.Context, topic string) (*pulsarpb.CommandLookupTopicResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", strings.TrimPrefix(b.ServiceURL, "pulsar://"))
+	rw, err := b.rawConnect(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
-	}
-	rw := &rawConn{c: conn}
-	connect := &pulsarpb.CommandConnect{ClientVersion: proto.String("rebatchproxy-harness"), ProtocolVersion: proto.Int32(20)}
-	if b.AdminToken != "" {
-		connect.AuthMethodName = proto.String("token")
-		connect.AuthData = []byte(b.AdminToken)
-	}
-	if err := rw.send(&pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CONNECT.Enum(), Connect: connect}); err != nil {
-		return nil, err
-	}
-	if _, err := rw.expect(pulsarpb.BaseCommand_CONNECTED); err != nil {
-		return nil, err
-	}
+	defer rw.c.Close()
 	if err := rw.send(&pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_LOOKUP.Enum(), LookupTopic: &pulsarpb.CommandLookupTopic{
 		Topic: proto.String(topic), RequestId: proto.Uint64(1)}}); err != nil {
 		return nil, err

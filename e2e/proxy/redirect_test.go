@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/apache/pulsar-client-go/pulsar"
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
@@ -78,7 +77,7 @@ func TestLookupRedirectsFollowedByProxy(t *testing.T) {
 	// then every message comes back once, and B stored all 100.
 	t.Run("go client", func(t *testing.T) {
 		topic := rd.Topic(fmt.Sprintf("go-%d", time.Now().UnixNano()))
-		followed := lookupCount(t, px.Server, "redirect_followed")
+		followed := proxyCounter(t, px.Server, "rebatchproxy_lookups_total", "result", "redirect_followed")
 		c := newClient(t, px.URL, nil)
 		cons, err := c.Subscribe(pulsar.ConsumerOptions{Topic: topic, SubscriptionName: "s", SubscriptionInitialPosition: pulsar.SubscriptionPositionEarliest})
 		if err != nil {
@@ -121,7 +120,7 @@ func TestLookupRedirectsFollowedByProxy(t *testing.T) {
 		if stored != n {
 			t.Fatalf("B stored %d messages in %d entries, want %d", stored, len(entries), n)
 		}
-		if got := lookupCount(t, px.Server, "redirect_followed") - followed; got < 2 {
+		if got := proxyCounter(t, px.Server, "rebatchproxy_lookups_total", "result", "redirect_followed") - followed; got < 2 {
 			t.Fatalf("redirect_followed grew by %v, want at least 2 (consumer and producer lookups)", got)
 		}
 	})
@@ -130,7 +129,7 @@ func TestLookupRedirectsFollowedByProxy(t *testing.T) {
 	// when a raw client looks it up through the proxy,
 	// then it gets Failed(ServiceNotReady) within the lookup timeout, and redirect_failed grows by one.
 	t.Run("redirect loop", func(t *testing.T) {
-		failed := lookupCount(t, px.Server, "redirect_failed")
+		failed := proxyCounter(t, px.Server, "rebatchproxy_lookups_total", "result", "redirect_failed")
 		c := dialT(t, px.Addr)
 		_, _ = c.Write(rawConnect(t, "", ""))
 		readCommand(t, c)
@@ -147,7 +146,7 @@ func TestLookupRedirectsFollowedByProxy(t *testing.T) {
 		if took > 10*time.Second {
 			t.Fatalf("answered after %v", took)
 		}
-		if got := lookupCount(t, px.Server, "redirect_failed") - failed; got != 1 {
+		if got := proxyCounter(t, px.Server, "rebatchproxy_lookups_total", "result", "redirect_failed") - failed; got != 1 {
 			t.Fatalf("redirect_failed grew by %v", got)
 		}
 		t.Logf("20 redirects followed and refused in %v", took.Round(time.Millisecond))
@@ -176,29 +175,4 @@ func slogTo(w io.Writer) *slog.Logger {
 func isTimeout(err error) bool {
 	ne, ok := err.(net.Error)
 	return ok && ne.Timeout()
-}
-
-// lookupCount reads rebatchproxy_lookups_total{result=...} from the proxy's collector.
-func lookupCount(t *testing.T, srv *proxy.Server, result string) float64 {
-	t.Helper()
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(srv.Collector())
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "rebatchproxy_lookups_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == result {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("no rebatchproxy_lookups_total{result=%q}", result)
-	return 0
 }
