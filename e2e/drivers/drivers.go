@@ -182,7 +182,6 @@ func discover() ([]*Driver, error) {
 		dir := filepath.Dir(m)
 		v := filepath.Base(dir)
 		d := &Driver{Name: "go-" + v, Client: "go", Version: v, goDir: dir, unsupported: map[Feature]string{
-			FeatureSnappy:     "pulsar-client-go has no snappy codec",
 			FeatureObserveSeq: "pulsar-client-go's Message has no sequence id",
 		}}
 		// gen.sh links chunking.go to chunking_no.go for versions without producer chunking.
@@ -191,6 +190,12 @@ func discover() ([]*Driver, error) {
 		} else if strings.Contains(target, "chunking_no") {
 			d.unsupported[FeatureChunking] = "pulsar-client-go before v0.10.0 has no producer chunking"
 			d.unsupported[FeatureChunkSize] = d.unsupported[FeatureChunking]
+		}
+		// ... and snappy.go to snappy_no.go for versions without the snappy codec.
+		if target, err := os.Readlink(filepath.Join(dir, "snappy.go")); err != nil {
+			return nil, fmt.Errorf("drivers: %s: snappy.go is not a link into ../common (rerun go/gen.sh): %v", d.Name, err)
+		} else if strings.Contains(target, "snappy_no") {
+			d.unsupported[FeatureSnappy] = "pulsar-client-go before v0.17.0 has no snappy codec"
 		}
 		out = append(out, d)
 	}

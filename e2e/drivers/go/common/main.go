@@ -244,7 +244,9 @@ func produce(args []string) int {
 	case "zstd":
 		opts.CompressionType = pulsar.ZSTD
 	case "snappy":
-		unsupported("compression=snappy", "pulsar-client-go has no snappy codec")
+		if err := setSnappy(&opts); err != nil {
+			unsupported("compression=snappy", err.Error())
+		}
 	default:
 		usage("unknown --compression %q", *compression)
 	}

@@ -1,0 +1,1 @@
+../common/snappy_no.go
