@@ -169,3 +169,95 @@ func TestHeldChunksKeepTheClientsOrder(t *testing.T) {
 		})
 	}
 }
+
+// twoChunkFrame is chunk id of the 2-chunk message with sequence id seq.
+func twoChunkFrame(t *testing.T, seq uint64, id int32) wire.Frame {
+	t.Helper()
+	b, err := wire.AppendSendFrameMetadata(nil, &wire.Send{ProducerID: 1, SequenceID: seq, IsChunk: true},
+		&pulsarpb.MessageMetadata{ProducerName: proto.String("p"), SequenceId: proto.Uint64(seq), PublishTime: proto.Uint64(1),
+			Uuid: proto.String("p-" + string(rune('0'+seq))), ChunkId: proto.Int32(id), NumChunksFromMsg: proto.Int32(2), TotalChunkMsgSize: proto.Int32(200)},
+		make([]byte, 100))
+	return frameOf(t, b, err)
+}
+
+// plainFrame is an unbatched, unchunked SEND of producer 1.
+func plainFrame(t *testing.T, seq uint64) wire.Frame {
+	t.Helper()
+	b, err := wire.AppendSendFrameMetadata(nil, &wire.Send{ProducerID: 1, SequenceID: seq},
+		&pulsarpb.MessageMetadata{ProducerName: proto.String("p"), SequenceId: proto.Uint64(seq), PublishTime: proto.Uint64(1)},
+		make([]byte, 10))
+	return frameOf(t, b, err)
+}
+
+func receiptFrame(t *testing.T, seq, ledger, entry uint64) wire.Frame {
+	t.Helper()
+	return cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_SEND_RECEIPT.Enum(),
+		SendReceipt: &pulsarpb.CommandSendReceipt{ProducerId: proto.Uint64(1), SequenceId: proto.Uint64(seq),
+			MessageId: &pulsarpb.MessageIdData{LedgerId: proto.Uint64(ledger), EntryId: proto.Uint64(entry)}}})
+}
+
+// brokerCommands decodes what a path wrote to the broker.
+func brokerCommands(t *testing.T, o *rawOut) []*pulsarpb.BaseCommand {
+	t.Helper()
+	var cmds []*pulsarpb.BaseCommand
+	for _, b := range o.broker {
+		cmds = append(cmds, decodeAll(t, b)...)
+	}
+	return cmds
+}
+
+// Given the first chunks of messages 5 and 7 in flight on an old connection, and the client,
+// reconnected, resending chunk 5 (held), plain message 6, then chunk 7 and closing its producer,
+// when the old connection's chunks turn out stored,
+// then the new connection sends the broker message 6 and then the CLOSE_PRODUCER (chunk 7 is
+// answered, not sent again), and the client gets its receipts in its own order, 5, 6, 7, once
+// the broker has acknowledged 6.
+func TestQueuedFramesKeepTheClientsOrder(t *testing.T) {
+	cd := NewChunkDedup(chunkdedup.Config{})
+	old, _ := chunkPath(t, cd, 1)
+	oldOut := &rawOut{t: t}
+	for _, seq := range []uint64{5, 7} {
+		if _, err := old.FromClient(twoChunkFrame(t, seq, 0), oldOut); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cur, _ := chunkPath(t, cd, 2)
+	curOut := &rawOut{t: t}
+	closeProducer := cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_PRODUCER.Enum(),
+		CloseProducer: &pulsarpb.CommandCloseProducer{ProducerId: proto.Uint64(1), RequestId: proto.Uint64(9)}})
+	for _, f := range []wire.Frame{twoChunkFrame(t, 5, 0), plainFrame(t, 6), twoChunkFrame(t, 7, 0), closeProducer} {
+		if _, err := cur.FromClient(f, curOut); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(curOut.broker) != 0 {
+		t.Fatalf("%d frames reached the broker while chunk 5 was held", len(curOut.broker))
+	}
+
+	for i, seq := range []uint64{5, 7} {
+		if _, err := old.FromBroker(receiptFrame(t, seq, 9, uint64(i)), oldOut); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cur.Tick(time.Now(), curOut); err != nil {
+		t.Fatal(err)
+	}
+
+	cmds := brokerCommands(t, curOut)
+	if len(cmds) != 2 || cmds[0].GetType() != pulsarpb.BaseCommand_SEND || cmds[0].GetSend().GetSequenceId() != 6 ||
+		cmds[1].GetType() != pulsarpb.BaseCommand_CLOSE_PRODUCER {
+		t.Fatalf("broker got %v, want SEND 6 then CLOSE_PRODUCER", cmds)
+	}
+	if _, err := cur.FromBroker(receiptFrame(t, 6, 10, 0), curOut); err != nil {
+		t.Fatal(err)
+	}
+	var got []uint64
+	for _, cmd := range curOut.client {
+		if cmd.GetType() == pulsarpb.BaseCommand_SEND_RECEIPT {
+			got = append(got, cmd.GetSendReceipt().GetSequenceId())
+		}
+	}
+	if len(got) != 3 || got[0] != 5 || got[1] != 6 || got[2] != 7 {
+		t.Fatalf("client receipts %v, want [5 6 7]", got)
+	}
+}

@@ -195,22 +195,23 @@ type rebatchPath struct {
 	inflightTok map[chunkdedup.Token]uint64 // forwarded chunks awaiting their fate -> producer id
 	waiting     map[chunkdedup.Token]waitRef
 	events      []tagEvent
-	// queued keeps a producer's sends in order behind a duplicate chunk held for its
-	// original's fate (see deferSend); queuedBytes counts the copies, bounded by
+	// queued keeps a producer's frames in order behind a duplicate chunk held for its
+	// original's fate (see deferFrame); queuedBytes counts the copies, bounded by
 	// maxQueuedBytes. deferErr is an engine error met while releasing them.
 	queued      map[uint64][]queuedSend
 	queuedBytes int
 	deferErr    error
 }
 
-// queuedSend is a send waiting behind a held duplicate chunk of the same producer: the held
-// chunk itself (waiting, until settled), or a later send of the client, copied.
+// queuedSend is an item of a producer's queue behind a held duplicate chunk: the held chunk
+// itself (waiting, until settled), or a later client frame of the producer (a SEND or its
+// CLOSE_PRODUCER), copied and not yet handled.
 type queuedSend struct {
-	tok     chunkdedup.Token // the chunk's token; 0 for a send that is not a tracked chunk
+	tok     chunkdedup.Token // a held chunk's token
 	waiting bool
 	settled bool       // a held chunk whose original's fate is known: ev
 	ev      chunkEvent // applied when the item reaches the head of the queue
-	frame   []byte
+	frame   []byte     // a queued client frame
 }
 
 // maxQueuedBytes bounds the copies of sends kept in order behind held chunks, per
@@ -288,6 +289,9 @@ func (r *rebatchPath) FromClient(f wire.Frame, out Outputs) (Verdict, error) {
 		if err != nil {
 			return Forward, nil
 		}
+		if e := r.producers[s.ProducerID]; e != nil && len(r.queued[s.ProducerID]) > 0 && r.deferFrame(e, f) {
+			return r.emit(e.id, e, out, nil)
+		}
 		if s.IsChunk && r.chunks != nil {
 			return r.chunkSend(f, &s, out)
 		}
@@ -298,9 +302,6 @@ func (r *rebatchPath) FromClient(f wire.Frame, out Outputs) (Verdict, error) {
 			}
 			return Forward, nil
 		}
-		if len(r.queued[s.ProducerID]) > 0 && r.deferSend(e, f, 0) {
-			return r.emit(s.ProducerID, e, out, nil)
-		}
 		err = e.p.Send(time.Now(), f, &r.out)
 		return r.emit(s.ProducerID, e, out, err)
 	case pulsarpb.BaseCommand_CLOSE_PRODUCER:
@@ -308,21 +309,36 @@ func (r *rebatchPath) FromClient(f wire.Frame, out Outputs) (Verdict, error) {
 			return Forward, nil
 		}
 		id := r.cmd.GetCloseProducer().GetProducerId()
-		delete(r.known, id)
-		if e, ok := r.producers[id]; ok && e.id == id {
-			e.closing = true
-			reqs, err := e.p.CloseLanes(r.newID, true, &r.out)
-			for _, q := range reqs {
-				r.swallow[q] = struct{}{}
-			}
-			e.lanesClosed = true
-			if _, err := r.emit(id, e, out, err); err != nil {
+		e, ok := r.producers[id]
+		if ok && e.id == id && len(r.queued[id]) > 0 && r.deferFrame(e, f) {
+			return r.emit(id, e, out, nil) // closed in its turn, after the sends queued before it
+		}
+		err := r.closeProducer(id)
+		if ok && e.id == id {
+			if _, err = r.emit(id, e, out, err); err != nil {
 				return Forward, err
 			}
 		}
-		return Forward, nil
+		return Forward, err
 	}
 	return Forward, nil
+}
+
+// closeProducer handles the client's CLOSE_PRODUCER of producer id: its open batches are
+// flushed and its lanes closed; the engine stays until its last receipt is out.
+func (r *rebatchPath) closeProducer(id uint64) error {
+	delete(r.known, id)
+	e, ok := r.producers[id]
+	if !ok || e.id != id {
+		return nil
+	}
+	e.closing = true
+	reqs, err := e.p.CloseLanes(r.newID, true, &r.out)
+	for _, q := range reqs {
+		r.swallow[q] = struct{}{}
+	}
+	e.lanesClosed = true
+	return err
 }
 
 // ForwardHead implements HeadForwarder: a SEND of a producer without an
@@ -716,7 +732,7 @@ func (r *rebatchPath) drop(id uint64, e *engine) {
 		return
 	}
 	for _, it := range r.queued[id] {
-		r.queuedBytes -= len(it.frame) // deferred chunks are in inflightTok: failed below
+		r.queuedBytes -= len(it.frame)
 	}
 	delete(r.queued, id)
 	for tok, w := range r.waiting {
@@ -749,9 +765,10 @@ const (
 	backlogLow  = 0.5
 )
 
-// noteBacklog updates e's backlog state after an engine call.
+// noteBacklog updates e's backlog state after an engine call. Sends queued behind held
+// duplicate chunks count too: they will be pending once released.
 func (r *rebatchPath) noteBacklog(e *engine) {
-	n, max := e.p.Pending(), float64(e.p.MaxPending())
+	n, max := e.p.Pending()+len(r.queued[e.id]), float64(e.p.MaxPending())
 	switch {
 	case !e.backlogged && float64(n) >= backlogHigh*max:
 		e.backlogged = true
@@ -856,7 +873,6 @@ func (r *rebatchPath) newToken() chunkdedup.Token {
 // forwarded or answered, and the producer's engine (created on its first chunk for a
 // passthrough producer) keeps the receipts in the client's order.
 func (r *rebatchPath) chunkSend(f wire.Frame, s *wire.Send, out Outputs) (Verdict, error) {
-	now := time.Now()
 	e, ok := r.producers[s.ProducerID]
 	if !ok {
 		info := r.known[s.ProducerID]
@@ -874,9 +890,21 @@ func (r *rebatchPath) chunkSend(f wire.Frame, s *wire.Send, out Outputs) (Verdic
 			r.m.activeProds.Inc()
 		}
 	}
+	tok, err := r.sendChunk(e, f, s)
+	if tok != 0 {
+		r.queued[e.id] = append(r.queued[e.id], queuedSend{tok: tok, waiting: true})
+	}
+	return r.emit(e.id, e, out, err)
+}
+
+// sendChunk puts a chunk of producer e through duplicate-chunk removal and the engine (output
+// in r.out). It returns the token of the chunk when it is now held for its original's fate:
+// the caller queues it, so that what the client sends after it waits behind it.
+func (r *rebatchPath) sendChunk(e *engine, f wire.Frame, s *wire.Send) (chunkdedup.Token, error) {
+	now := time.Now()
 	var md pulsarpb.MessageMetadata
 	if !f.HasPayload() || wire.DecodeMetadata(f.Metadata(), &md) != nil || md.ChunkId == nil || md.GetNumChunksFromMsg() < 2 {
-		return r.emit(e.id, e, out, e.p.Send(now, f, &r.out)) // not a chunk the tracker can key
+		return 0, e.p.Send(now, f, &r.out) // not a chunk the tracker can key
 	}
 	fp := uint64(wire.CRC32C(f.ChecksummedBytes()))
 	tok := r.newToken()
@@ -886,10 +914,7 @@ func (r *rebatchPath) chunkSend(f wire.Frame, s *wire.Send, out Outputs) (Verdic
 	switch d.Action {
 	case chunkdedup.Forward:
 		r.inflightTok[tok] = e.id
-		if len(r.queued[e.id]) > 0 && r.deferSend(e, f, tok) {
-			return r.emit(e.id, e, out, nil)
-		}
-		return r.emit(e.id, e, out, e.p.SendTagged(now, f, uint64(tok), &r.out))
+		return 0, e.p.SendTagged(now, f, uint64(tok), &r.out)
 	case chunkdedup.AnswerNow:
 		r.log.Info("duplicate chunk answered with its stored copy", "topic", e.topic, "producer", e.name,
 			"sequence_id", s.SequenceID, "chunk_id", md.GetChunkId(), "ledger", d.Ledger, "entry", d.Entry)
@@ -897,25 +922,24 @@ func (r *rebatchPath) chunkSend(f wire.Frame, s *wire.Send, out Outputs) (Verdic
 		if err == nil {
 			e.p.Resolve(id, d.Ledger, d.Entry, &r.out)
 		}
-		return r.emit(e.id, e, out, err)
+		return 0, err
 	case chunkdedup.AnswerWhenPersisted:
 		r.log.Info("duplicate chunk held until its original is stored", "topic", e.topic, "producer", e.name,
 			"sequence_id", s.SequenceID, "chunk_id", md.GetChunkId())
 		id, err := e.p.Hold(now, f, &r.out)
-		if err == nil {
-			r.waiting[tok] = waitRef{producerID: e.id, send: id, frame: append([]byte(nil), f.Bytes()...)}
-			r.queued[e.id] = append(r.queued[e.id], queuedSend{tok: tok, waiting: true})
-		} else {
+		if err != nil {
 			r.chunks.t.Cancel(tok)
+			return 0, err
 		}
-		return r.emit(e.id, e, out, err)
+		r.waiting[tok] = waitRef{producerID: e.id, send: id, frame: append([]byte(nil), f.Bytes()...)}
+		return tok, nil
 	default: // Reject
 		id, err := e.p.Hold(now, f, &r.out)
 		if err == nil {
 			e.p.Fail(id, pulsarpb.ServerError_PersistenceError, "duplicate chunk: too many copies waiting; resend later", &r.out)
 		}
 		r.chunks.t.Cancel(tok)
-		return r.emit(e.id, e, out, err)
+		return 0, err
 	}
 }
 
@@ -1001,60 +1025,73 @@ func (r *rebatchPath) settle(tok chunkdedup.Token, ev chunkEvent) {
 	r.inflightTok[tok] = e.id
 }
 
-// deferSend queues a copy of a send (a chunk to forward, tok != 0, or any other send) behind
-// a duplicate chunk of the same producer that is held for its original's fate, so that if the
-// held copy is forwarded after all it still reaches the broker before what the client sent
-// after it. It reports false, and the caller sends at once, when the copies would exceed
-// maxQueuedBytes.
-func (r *rebatchPath) deferSend(e *engine, f wire.Frame, tok chunkdedup.Token) bool {
-	if r.queuedBytes+f.Len() > maxQueuedBytes {
+// deferFrame queues a copy of a client frame of producer e (a SEND, chunk or not, or its
+// CLOSE_PRODUCER) behind a duplicate chunk of the same producer that is held for its
+// original's fate: the frame is handled, in the client's order, once everything before it is
+// settled, so receipts keep that order and a held copy forwarded after all still reaches the
+// broker before what the client sent after it. It reports false, and the caller handles the
+// SEND at once, when the copies would exceed maxQueuedBytes.
+func (r *rebatchPath) deferFrame(e *engine, f wire.Frame) bool {
+	if f.Type() == pulsarpb.BaseCommand_SEND && r.queuedBytes+f.Len() > maxQueuedBytes {
 		r.log.Warn("sends queued behind held duplicate chunks exceed their bound; sending at once", "topic", e.topic,
 			"producer", e.name, "queued_bytes", r.queuedBytes, "limit", maxQueuedBytes)
 		return false
 	}
-	r.queued[e.id] = append(r.queued[e.id], queuedSend{tok: tok, frame: append([]byte(nil), f.Bytes()...)})
+	r.queued[e.id] = append(r.queued[e.id], queuedSend{frame: append([]byte(nil), f.Bytes()...)})
 	r.queuedBytes += f.Len()
 	return true
 }
 
 // releaseQueued works through producer id's queue from its head, in order: settled held
-// chunks are settled, queued sends handed to the engine, up to the first held chunk whose
-// original's fate is still unknown.
+// chunks are settled and queued frames handled (output in r.out), up to the first held chunk
+// whose original's fate is still unknown, which may be one of the queued chunks, held now.
 func (r *rebatchPath) releaseQueued(id uint64) {
 	q := r.queued[id]
-	i := 0
-	for ; i < len(q); i++ {
-		it := q[i]
+	for len(q) > 0 {
+		it := q[0]
 		if it.waiting {
 			if !it.settled {
 				break
 			}
+			q = q[1:]
 			r.settle(it.tok, it.ev)
 			continue
 		}
-		e := r.producers[id]
+		q = q[1:]
 		r.queuedBytes -= len(it.frame)
+		e := r.producers[id]
 		f, _, err := wire.ReadFrame(it.frame, len(it.frame))
 		if e == nil || err != nil {
-			if it.tok != 0 {
-				r.events = append(r.events, tagEvent{tok: it.tok, failed: true})
-			}
 			continue
 		}
-		if it.tok != 0 {
-			err = e.p.SendTagged(time.Now(), f, uint64(it.tok), &r.out)
+		var tok chunkdedup.Token
+		if f.Type() == pulsarpb.BaseCommand_CLOSE_PRODUCER {
+			err = r.closeProducer(id)
+			r.out.Broker = append(r.out.Broker, f.Bytes()...)
+		} else if s, perr := wire.ParseSend(f); perr != nil {
+			err = perr
+		} else if s.IsChunk && r.chunks != nil {
+			tok, err = r.sendChunk(e, f, &s)
 		} else {
 			err = e.p.Send(time.Now(), f, &r.out)
 		}
 		if err != nil && r.deferErr == nil {
 			r.deferErr = fmt.Errorf("producer %d (%q) on %s: %w", id, e.name, e.topic, err)
 		}
+		if tok != 0 {
+			// Held now: what follows waits behind it.
+			q = append([]queuedSend{{tok: tok, waiting: true}}, q...)
+			break
+		}
 	}
-	if i == len(q) {
+	if len(q) == 0 {
 		delete(r.queued, id)
-		return
+	} else {
+		r.queued[id] = q
 	}
-	r.queued[id] = q[i:]
+	if e := r.producers[id]; e != nil {
+		r.noteBacklog(e)
+	}
 }
 
 // processNonce tells this proxy process's shared producers apart from another's on the same
