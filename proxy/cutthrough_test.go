@@ -163,3 +163,47 @@ func TestClientLeavingMidCutThroughClosesBroker(t *testing.T) {
 	expectClosed(t, broker)
 	logs.waitFor(t, "before the end of a frame being forwarded")
 }
+
+// backlogOnReceipt is a producer path that reports a backlog from the first receipt on, as a
+// rewriting producer does when receipts release queued sends into a full engine.
+type backlogOnReceipt struct {
+	Passthrough
+	on *bool
+}
+
+func (b backlogOnReceipt) FromBroker(f wire.Frame, _ Outputs) (Verdict, error) {
+	if f.Type() == pulsarpb.BaseCommand_SEND_RECEIPT {
+		*b.on = true
+	}
+	return Forward, nil
+}
+
+func (b backlogOnReceipt) Backlogged() bool { return *b.on }
+
+// Given a SEND half forwarded to the broker,
+// when the producer path starts reporting a backlog before the rest arrives,
+// then the rest of that SEND still reaches the broker (a frame begun is finished), and
+// only the client's next frame waits.
+func TestBacklogNeverStopsAFrameInTransit(t *testing.T) {
+	fb := newFakeBroker(t)
+	on := false
+	_, addr, _ := startProxy(t, []string{fb.addr()}, func(c *Config) {
+		c.ProducerPaths = func(ConnInfo) ProducerPath { return backlogOnReceipt{on: &on} }
+	})
+	client, broker := handshake(t, addr, fb, "")
+	f := largeSend(false)
+	half := len(f) / 2
+	send(t, client, f[:half])
+	readExactly(t, broker, half)
+	send(t, broker, wire.AppendSendReceiptFrame(nil, &wire.SendReceipt{ProducerID: 9, SequenceID: 1}))
+	expect(t, client, pulsarpb.BaseCommand_SEND_RECEIPT)
+
+	send(t, client, append(append([]byte(nil), f[half:]...), wire.AppendPingFrame(nil)...))
+
+	if rest := readExactly(t, broker, len(f)-half); !bytes.Equal(rest, f[half:]) {
+		t.Fatal("the rest of the SEND arrived changed")
+	}
+	if next := readSome(broker, 200*time.Millisecond, 64); len(next) != 0 {
+		t.Fatalf("%d bytes of the client's next frame passed during the backlog", len(next))
+	}
+}

@@ -78,6 +78,10 @@
 //     limit; when a direction holds more than HardBufferLimit the pair is
 //     closed with ErrBufferLimit. Pulsar's own flow control (producer
 //     pending limits, consumer permits) keeps well-behaved clients far below.
+//     A ProducerPath that reports a backlog (Backlogger) stops the proxy
+//     taking the client's frames at the next frame boundary (a frame being
+//     cut through is finished first); receipts and ticks resume it. Held
+//     frames (contract 8) add at most HardBufferLimit per direction.
 //  6. Timeouts. Broker dial: ConnectTimeout. Accept to CONNECTED relayed:
 //     HandshakeTimeout. No traffic either way: IdleTimeout. gnet has no
 //     deadlines; OnTick checks a coarse clock and asks the loop to close.

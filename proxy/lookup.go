@@ -67,10 +67,39 @@ const followRequestID = 1
 
 // keepConnectForLookups keeps the CONNECT the broker receives (the client's,
 // proxy_to_broker_url removed) for following redirects. Runs on the loop
-// from onConnect; the frame is never modified afterwards.
+// from onConnect; the frame is never modified afterwards (noteAuthResponse
+// replaces it).
 func (s *session) keepConnectForLookups() {
 	if s.srv.cfg.MaxLookupRedirects > 0 {
 		s.lookupConnect = s.connectFrame
+	}
+}
+
+// noteAuthResponse keeps the credentials the client sends in an
+// AUTH_RESPONSE on an established connection (a refreshed token, answering
+// the broker's AUTH_CHALLENGE) for the CONNECT of later follow connections,
+// so they do not present credentials the broker has since let expire. The
+// frame is rebuilt, never modified: follows in progress keep reading the
+// old one. Runs on the loop.
+func (s *session) noteAuthResponse(f wire.Frame) {
+	if s.lookupConnect == nil || wire.DecodeCommand(f, &s.cmd) != nil {
+		return
+	}
+	ad := s.cmd.GetAuthResponse().GetResponse()
+	if ad == nil || ad.AuthData == nil {
+		return
+	}
+	var connect pulsarpb.BaseCommand
+	cf, _, err := wire.ReadFrame(s.lookupConnect, len(s.lookupConnect))
+	if err != nil || wire.DecodeCommand(cf, &connect) != nil || connect.Connect == nil {
+		return
+	}
+	connect.Connect.AuthData = ad.AuthData
+	if ad.AuthMethodName != nil {
+		connect.Connect.AuthMethodName = ad.AuthMethodName
+	}
+	if b, err := wire.AppendCommandFrame(nil, &connect); err == nil {
+		s.lookupConnect = b
 	}
 }
 
@@ -175,7 +204,8 @@ func (s *session) finishFollow(p *pendingLookup, out followOutcome, took time.Du
 		result = lookupRedirect
 		resp = out.challenged
 		resp.ProxyThroughServiceUrl = proto.Bool(true)
-		log.Info("lookup redirect target asked for an auth challenge; relaying the redirect to the client", "target", out.target)
+		log.Info("lookup redirect target cannot authenticate the client through the proxy; relaying the redirect to the client",
+			"target", out.target, "reason", out.why.Error())
 	case out.answer.GetResponse() == pulsarpb.CommandLookupTopicResponse_Connect:
 		result = lookupRedirectFollowed
 		resp = out.answer
@@ -245,13 +275,20 @@ type follow struct {
 type followOutcome struct {
 	answer     *pulsarpb.CommandLookupTopicResponse
 	challenged *pulsarpb.CommandLookupTopicResponse
+	why        error // why challenged: errChallenged or errAuthRefused
 	err        error
 	hops       int    // lookups the proxy sent
 	target     string // the broker URL asked last
 }
 
-// errChallenged reports a target answering CONNECT with AUTH_CHALLENGE.
+// errChallenged reports a target answering CONNECT with AUTH_CHALLENGE, or
+// refusing the client's credentials as the proxy holds them (the client may
+// have refreshed them in a way the proxy did not see): the client is better
+// placed to follow that redirect itself.
 var errChallenged = errors.New("target answered CONNECT with AUTH_CHALLENGE")
+
+// errAuthRefused reports a target refusing the CONNECT with AuthenticationError.
+var errAuthRefused = errors.New("target refused the client's credentials")
 
 // run follows the chain. It runs on its own goroutine.
 func (fl *follow) run() followOutcome {
@@ -277,8 +314,8 @@ func (fl *follow) run() followOutcome {
 		out.hops++
 		resp, err := fl.ask(addr, redirect.GetAuthoritative(), deadline)
 		switch {
-		case errors.Is(err, errChallenged):
-			out.challenged = redirect
+		case errors.Is(err, errChallenged), errors.Is(err, errAuthRefused):
+			out.challenged, out.why = redirect, err
 			return out
 		case err != nil:
 			if time.Now().After(deadline) {
@@ -325,6 +362,9 @@ func (fl *follow) ask(addr string, authoritative bool, deadline time.Time) (*pul
 			return nil, errChallenged
 		case pulsarpb.BaseCommand_ERROR:
 			e := cmd.GetError()
+			if e.GetError() == pulsarpb.ServerError_AuthenticationError {
+				return nil, fmt.Errorf("%w: %s", errAuthRefused, e.GetMessage())
+			}
 			return nil, fmt.Errorf("CONNECT refused: %s: %s", e.GetError(), e.GetMessage())
 		case pulsarpb.BaseCommand_PING:
 			if _, err := nc.Write(wire.AppendPongFrame(nil)); err != nil {

@@ -194,31 +194,73 @@ func TestRedirectTargetFailedRelayed(t *testing.T) {
 	}
 }
 
-// Given a redirect target that answers CONNECT with AUTH_CHALLENGE,
+// Given a redirect target that cannot authenticate the client from the proxy's copy of its
+// credentials (it answers CONNECT with AUTH_CHALLENGE, or refuses them with AuthenticationError),
 // when service broker A redirects a client LOOKUP to it,
-// then the client gets A's Redirect with proxy_through_service_url=true, as when following is off.
-func TestRedirectTargetAuthChallengeRelaysRedirect(t *testing.T) {
+// then the client gets A's Redirect with proxy_through_service_url=true, as when following is
+// off, and follows it itself.
+func TestRedirectTargetThatCannotAuthenticateRelaysRedirect(t *testing.T) {
+	cases := []struct {
+		name   string
+		answer *pulsarpb.BaseCommand
+		log    string
+	}{
+		{"auth challenge", &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_AUTH_CHALLENGE.Enum(), AuthChallenge: &pulsarpb.CommandAuthChallenge{
+			Challenge: &pulsarpb.AuthData{AuthMethodName: proto.String("sasl"), AuthData: []byte("x")}}}, "AUTH_CHALLENGE"},
+		{"credentials refused", &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_ERROR.Enum(), Error: &pulsarpb.CommandError{
+			RequestId: proto.Uint64(0), Error: pulsarpb.ServerError_AuthenticationError.Enum(), Message: proto.String("expired")}}, "refused the client's credentials"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			a, b := newFakeBroker(t), newFakeBroker(t)
+			srv, addr, logs := startProxy(t, []string{a.addr()}, nil)
+			client, broker := redirectedLookup(t, addr, a)
+
+			send(t, broker, frame(t, lookupAnswer(7, pulsarpb.CommandLookupTopicResponse_Redirect, "pulsar://"+b.addr())))
+
+			fc := b.accept(t)
+			expect(t, fc, pulsarpb.BaseCommand_CONNECT)
+			send(t, fc, frame(t, c.answer))
+			cmd, _ := expect(t, client, pulsarpb.BaseCommand_LOOKUP_RESPONSE)
+			r := cmd.GetLookupTopicResponse()
+			if r.GetResponse() != pulsarpb.CommandLookupTopicResponse_Redirect || r.GetRequestId() != 7 || !r.GetProxyThroughServiceUrl() ||
+				r.GetBrokerServiceUrl() != "pulsar://"+b.addr() || !r.GetAuthoritative() {
+				t.Errorf("client got %v", r)
+			}
+			logs.waitFor(t, c.log)
+			if n := srv.m.lookups[lookupRedirect].Load(); n != 1 {
+				t.Errorf("redirect = %d", n)
+			}
+			waitFlight(t, srv, 0)
+		})
+	}
+}
+
+// Given a lookup connection whose client answered the broker's AUTH_CHALLENGE with fresh
+// credentials (its token was refreshed),
+// when the broker redirects a LOOKUP of that client,
+// then the proxy's follow connection presents the fresh credentials, not those of the
+// client's original CONNECT.
+func TestRedirectFollowUsesRefreshedCredentials(t *testing.T) {
 	a, b := newFakeBroker(t), newFakeBroker(t)
-	srv, addr, logs := startProxy(t, []string{a.addr()}, nil)
-	client, broker := redirectedLookup(t, addr, a)
+	_, addr, _ := startProxy(t, []string{a.addr()}, nil)
+	client, broker := handshake(t, addr, a, "")
+	send(t, broker, frame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_AUTH_CHALLENGE.Enum(), AuthChallenge: &pulsarpb.CommandAuthChallenge{
+		Challenge: &pulsarpb.AuthData{AuthMethodName: proto.String("token"), AuthData: []byte("refresh")}}}))
+	expect(t, client, pulsarpb.BaseCommand_AUTH_CHALLENGE)
+	send(t, client, frame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_AUTH_RESPONSE.Enum(), AuthResponse: &pulsarpb.CommandAuthResponse{
+		Response: &pulsarpb.AuthData{AuthMethodName: proto.String("token"), AuthData: []byte("fresh-token")}}}))
+	expect(t, broker, pulsarpb.BaseCommand_AUTH_RESPONSE)
+	send(t, client, frame(t, lookupCmd(7)))
+	expect(t, broker, pulsarpb.BaseCommand_LOOKUP)
 
 	send(t, broker, frame(t, lookupAnswer(7, pulsarpb.CommandLookupTopicResponse_Redirect, "pulsar://"+b.addr())))
 
 	fc := b.accept(t)
-	expect(t, fc, pulsarpb.BaseCommand_CONNECT)
-	send(t, fc, frame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_AUTH_CHALLENGE.Enum(), AuthChallenge: &pulsarpb.CommandAuthChallenge{
-		Challenge: &pulsarpb.AuthData{AuthMethodName: proto.String("sasl"), AuthData: []byte("x")}}}))
-	cmd, _ := expect(t, client, pulsarpb.BaseCommand_LOOKUP_RESPONSE)
-	r := cmd.GetLookupTopicResponse()
-	if r.GetResponse() != pulsarpb.CommandLookupTopicResponse_Redirect || r.GetRequestId() != 7 || !r.GetProxyThroughServiceUrl() ||
-		r.GetBrokerServiceUrl() != "pulsar://"+b.addr() || !r.GetAuthoritative() {
-		t.Errorf("client got %v", r)
+	cmd, _ := expect(t, fc, pulsarpb.BaseCommand_CONNECT)
+	if got := string(cmd.GetConnect().GetAuthData()); got != "fresh-token" || cmd.GetConnect().GetAuthMethodName() != "token" {
+		t.Fatalf("follow CONNECT presents %q (%s), want the refreshed token", got, cmd.GetConnect().GetAuthMethodName())
 	}
-	logs.waitFor(t, "auth challenge")
-	if n := srv.m.lookups[lookupRedirect].Load(); n != 1 {
-		t.Errorf("redirect = %d", n)
-	}
-	waitFlight(t, srv, 0)
 }
 
 // Given a proxy that relays redirects (max redirects 0),

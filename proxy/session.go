@@ -52,7 +52,8 @@ type session struct {
 	handshakeDeadline atomic.Int64
 	lastActive        atomic.Int64
 	pausedAny         atomic.Bool
-	taskQueued        atomic.Bool
+	taskQueued        atomic.Bool // a resumeAsync task is queued
+	closeQueued       atomic.Bool // a closeAsync task is queued
 	// pathDeadline is the ProducerPath's NextDeadline (unix ns, 0 = none),
 	// published for the ticker; tickQueued dedups its tick tasks.
 	pathDeadline atomic.Int64
@@ -96,8 +97,11 @@ type session struct {
 	// towards that side meanwhile, so none lands inside that frame.
 	through [2]int
 	held    [2][]byte
-	// backlog is the path's Backlogger, nil if it has none.
-	backlog Backlogger
+	// backlog is the path's Backlogger, nil if it has none; backlogHeld is set
+	// while the client's frames wait for it (resumed by resumeClient, driven by
+	// receipts and ticks, not by the ticker's fast pace for buffer pauses).
+	backlog     Backlogger
+	backlogHeld bool
 
 	// Lookup redirects followed by the proxy (lookup.go). Loop-owned.
 	lookupConnect []byte                    // the CONNECT the broker got, for follow connections
@@ -189,11 +193,11 @@ func (s *session) fail(err error) gnet.Action {
 
 // closeAsync closes the session from any goroutine.
 func (s *session) closeAsync(err error) {
-	if !s.taskQueued.CompareAndSwap(false, true) {
+	if !s.closeQueued.CompareAndSwap(false, true) {
 		return
 	}
 	e := s.client.EventLoop().Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-		s.taskQueued.Store(false)
+		s.closeQueued.Store(false)
 		if s.state == stClosed {
 			return nil
 		}
@@ -214,7 +218,7 @@ func (s *session) closeAsync(err error) {
 		return nil
 	}))
 	if e != nil {
-		s.taskQueued.Store(false)
+		s.closeQueued.Store(false)
 	}
 }
 
@@ -233,9 +237,6 @@ func (s *session) resumeAsync() {
 			if !s.paused[d] {
 				continue
 			}
-			if d == toBroker && s.backlog != nil && s.backlog.Backlogged() {
-				continue
-			}
 			dst, src := s.peer(d), s.source(d)
 			if dst == nil || src == nil || dst.OutboundBuffered() > s.srv.cfg.SoftBufferLimit/2 {
 				continue
@@ -250,17 +251,14 @@ func (s *session) resumeAsync() {
 	}
 }
 
-// resumeClient reads from the client again once neither the producer path's
-// backlog nor the broker's queue holds it back. Called on the loop after
-// frames from the broker (receipts) were handled.
+// resumeClient reads from the client again once the producer path's backlog
+// no longer holds it back. Called on the loop after frames from the broker
+// (receipts) and ticks were handled.
 func (s *session) resumeClient() {
-	if s.backlog != nil && s.backlog.Backlogged() {
+	if !s.backlogHeld || s.backlog.Backlogged() {
 		return
 	}
-	if s.broker == nil || s.broker.OutboundBuffered() > s.srv.cfg.SoftBufferLimit/2 {
-		return
-	}
-	s.setPaused(toBroker, false)
+	s.backlogHeld = false
 	_ = s.client.Wake(nil)
 }
 
@@ -302,10 +300,6 @@ func (s *session) pump(src gnet.Conn, d direction) gnet.Action {
 	if avail == 0 {
 		return gnet.None
 	}
-	if d == toBroker && s.backlog != nil && s.backlog.Backlogged() {
-		s.setPaused(d, true)
-		return s.checkHard(src, dst, d, avail)
-	}
 	if s.through[d] > 0 {
 		if dst != nil && dst.OutboundBuffered() > s.srv.cfg.SoftBufferLimit {
 			s.setPaused(d, true)
@@ -317,6 +311,11 @@ func (s *session) pump(src gnet.Conn, d direction) gnet.Action {
 		if avail = src.InboundBuffered(); avail == 0 {
 			return gnet.None
 		}
+	}
+	if d == toBroker && s.backlog != nil && s.backlog.Backlogged() {
+		// At a frame boundary: the client's next frames wait for receipts.
+		s.backlogHeld = true
+		return s.checkHard(src, dst, d, avail)
 	}
 	if avail < s.need[d] {
 		return s.checkHard(src, dst, d, avail)
@@ -371,7 +370,7 @@ loop:
 			break loop
 		}
 		if backlogged {
-			s.setPaused(d, true)
+			s.backlogHeld = true
 			break loop
 		}
 		if s.pumpFail != nil {
@@ -389,7 +388,7 @@ loop:
 		_, _ = src.Discard(s.pumpOff)
 	}
 	s.pumpBuf, s.pumpDst = nil, nil
-	if d == toClient && action == gnet.None && s.paused[toBroker] {
+	if d == toClient && action == gnet.None {
 		s.resumeClient()
 	}
 	if action == gnet.None && s.state != stClosed {
@@ -441,6 +440,9 @@ func (s *session) cutThrough(d direction, b []byte) (int, bool) {
 	return h.Len, true
 }
 
+// maxKeptHeld is the largest held-frames buffer a session keeps for reuse.
+const maxKeptHeld = 1 << 20
+
 // passThrough forwards the next k bytes of a cut-through frame from src to
 // dst straight from gnet's read buffer, and releases the frames held while
 // it was open once its last byte is out. Runs on the loop.
@@ -459,6 +461,9 @@ func (s *session) passThrough(src, dst gnet.Conn, d direction, k int) error {
 	if s.through[d] == 0 && len(s.held[d]) > 0 {
 		held := s.held[d]
 		s.held[d] = held[:0]
+		if cap(held) > maxKeptHeld {
+			s.held[d] = nil // a burst; do not keep its buffer for the session's life
+		}
 		if !(s.clientGone && d == toClient) {
 			if _, err := dst.Write(held); err != nil {
 				return err
@@ -498,12 +503,15 @@ func (s *session) checkHard(src, dst gnet.Conn, d direction, inbound int) gnet.A
 }
 
 // ToBroker implements Outputs.
-func (s *session) ToBroker(b []byte) { s.writeOut(toBroker, b) }
+func (s *session) ToBroker(b []byte) { s.writeOut(toBroker, b, true) }
 
 // ToClient implements Outputs.
-func (s *session) ToClient(b []byte) { s.writeOut(toClient, b) }
+func (s *session) ToClient(b []byte) { s.writeOut(toClient, b, true) }
 
-func (s *session) writeOut(d direction, b []byte) {
+// writeOut writes frames the proxy made (counted in the frame metrics when
+// count is set; a rewrite of a frame already counted is not) towards side d,
+// after the pending run and any frame in transit. Runs on the loop.
+func (s *session) writeOut(d direction, b []byte, count bool) {
 	s.flushRun()
 	if s.clientGone && d == toClient {
 		return
@@ -513,7 +521,7 @@ func (s *session) writeOut(d direction, b []byte) {
 		s.pumpFail = fmt.Errorf("%w: no %s connection", ErrOutOfOrder, peerSideName(d))
 		return
 	}
-	if t, ok := frameType(b); ok {
+	if t, ok := frameType(b); ok && count {
 		s.srv.m.countFrame(s.shard, d, t, len(b))
 	}
 	if s.through[d] > 0 {
@@ -554,6 +562,8 @@ func (s *session) onFrame(d direction, f wire.Frame) (frameAction, error) {
 		switch t {
 		case pulsarpb.BaseCommand_LOOKUP, pulsarpb.BaseCommand_PARTITIONED_METADATA:
 			return s.onLookupRequest(f)
+		case pulsarpb.BaseCommand_AUTH_RESPONSE:
+			s.noteAuthResponse(f)
 		case pulsarpb.BaseCommand_SUBSCRIBE:
 			s.noteSubscribe(f)
 		case pulsarpb.BaseCommand_PRODUCER:
@@ -691,6 +701,7 @@ func (s *session) tickAsync() {
 			err = s.pumpFail
 		}
 		s.notePathDeadline()
+		s.resumeClient()
 		if err != nil {
 			if s.reason == nil {
 				s.reason = err
@@ -916,10 +927,7 @@ func (s *session) onLookupResponse(f wire.Frame) (frameAction, error) {
 		s.logger().Debug("lookup answer", "request_id", r.GetRequestId(), "response", r.GetResponse().String(),
 			"broker_url", r.GetBrokerServiceUrl(), "error", r.GetError().String())
 	}
-	s.flushRun()
-	if _, err := s.client.Write(b); err != nil {
-		return 0, err
-	}
+	s.writeOut(toClient, b, false) // nothing when the client has left; errors surface through pumpFail
 	return actDone, nil
 }
 
