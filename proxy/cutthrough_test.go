@@ -67,7 +67,8 @@ func readExactly(t *testing.T, c net.Conn, n int) []byte {
 // when one side has sent only the first half of a large frame,
 // then the other side already receives that half, and the whole frame
 // unchanged once the rest is sent — for SENDs of a passthrough producer
-// and MESSAGEs, but not for chunks, which duplicate removal reads whole.
+// and MESSAGEs, but not for chunks, which duplicate removal reads whole, nor for
+// frames under 16 KiB, which are cheaper to gather.
 func TestLargeFramesForwardedAsTheyArrive(t *testing.T) {
 	cases := []struct {
 		name       string
@@ -78,6 +79,9 @@ func TestLargeFramesForwardedAsTheyArrive(t *testing.T) {
 		{"SEND of a passthrough producer", true, func(*testing.T) []byte { return largeSend(false) }, true},
 		{"MESSAGE to a consumer", false, largeMessage, true},
 		{"chunk SEND", true, func(*testing.T) []byte { return largeSend(true) }, false},
+		{"SEND under 16 KiB", true, func(*testing.T) []byte {
+			return wire.AppendSendFrame(nil, &wire.Send{ProducerID: 1, SequenceID: 5}, []byte{0x0a, 0x01, 'p'}, bytes.Repeat([]byte{1}, 8<<10))
+		}, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

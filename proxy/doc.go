@@ -92,9 +92,10 @@
 //     CONNECT, CONNECTED, LOOKUP_RESPONSE, PRODUCER, SUBSCRIBE and
 //     SEND_ERROR are decoded (rare frames, for routing and logs).
 //  8. Cut-through. A frame is normally forwarded once all of it has been
-//     read. A MESSAGE, and a SEND that the ProducerPath lets go on from its
-//     command alone (HeadForwarder: a passthrough producer's send that is
-//     not a chunk), is forwarded as its bytes arrive instead: once the
+//     read. A MESSAGE of at least 16 KiB, and a SEND of that size that the
+//     ProducerPath lets go on from its command alone (HeadForwarder: a
+//     passthrough producer's send that is not a chunk), is forwarded as its
+//     bytes arrive instead (smaller frames are cheaper to gather): once the
 //     frame's command is buffered, what has arrived is written and the
 //     rest is passed straight from gnet's read buffer to the peer as it
 //     comes, without being gathered first. That saves the copies of

@@ -411,6 +411,9 @@ func (s *session) cutThrough(d direction, b []byte) (int, bool) {
 		return 0, false
 	}
 	s.need[d] = l
+	if l < minCutThrough {
+		return 0, false // gathering a small frame costs less than a second write
+	}
 	if s.state != stEstablished || len(b) < 8 {
 		if s.state == stEstablished {
 			s.need[d] = min(l, 8)
@@ -439,6 +442,11 @@ func (s *session) cutThrough(d direction, b []byte) (int, bool) {
 	s.srv.m.countFrame(s.shard, d, h.Type, h.Len)
 	return h.Len, true
 }
+
+// minCutThrough is the smallest frame forwarded as its bytes arrive: a
+// smaller one split across reads is gathered, which costs a small copy
+// where cutting it through would cost a write of its own.
+const minCutThrough = 16 << 10
 
 // maxKeptHeld is the largest held-frames buffer a session keeps for reuse.
 const maxKeptHeld = 1 << 20
