@@ -112,6 +112,23 @@ func TestLargeFramesForwardedAsTheyArrive(t *testing.T) {
 	}
 }
 
+// halfSendInTransit connects a client through a proxy whose connections use path (nil: the
+// default) and has the first half of largeSend(false) cut through to the broker.
+func halfSendInTransit(t *testing.T, path ProducerPath) (client, broker net.Conn, logs *logBuffer) {
+	t.Helper()
+	fb := newFakeBroker(t)
+	_, addr, logs := startProxy(t, []string{fb.addr()}, func(c *Config) {
+		if path != nil {
+			c.ProducerPaths = func(ConnInfo) ProducerPath { return path }
+		}
+	})
+	client, broker = handshake(t, addr, fb, "")
+	f := largeSend(false)
+	send(t, client, f[:len(f)/2])
+	readExactly(t, broker, len(f)/2)
+	return client, broker, logs
+}
+
 // pingOnReceipt is a producer path that, like a re-batching engine
 // flushing on a receipt, writes a frame of its own to the broker whenever
 // the broker acknowledges a send.
@@ -128,15 +145,8 @@ func (pingOnReceipt) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 // when the producer path writes a frame of its own to the broker,
 // then that frame reaches the broker after the SEND's last byte, not inside it.
 func TestProxyFramesWaitForTheFrameInTransit(t *testing.T) {
-	fb := newFakeBroker(t)
-	_, addr, _ := startProxy(t, []string{fb.addr()}, func(c *Config) {
-		c.ProducerPaths = func(ConnInfo) ProducerPath { return pingOnReceipt{} }
-	})
-	client, broker := handshake(t, addr, fb, "")
-	f := largeSend(false)
-	half := len(f) / 2
-	send(t, client, f[:half])
-	readExactly(t, broker, half)
+	client, broker, _ := halfSendInTransit(t, pingOnReceipt{})
+	f, half := largeSend(false), len(largeSend(false))/2
 
 	send(t, broker, wire.AppendSendReceiptFrame(nil, &wire.SendReceipt{ProducerID: 9, SequenceID: 1}))
 
@@ -155,12 +165,7 @@ func TestProxyFramesWaitForTheFrameInTransit(t *testing.T) {
 // when the client closes its connection,
 // then the broker side is closed and the log names the truncated frame.
 func TestClientLeavingMidCutThroughClosesBroker(t *testing.T) {
-	fb := newFakeBroker(t)
-	_, addr, logs := startProxy(t, []string{fb.addr()}, nil)
-	client, broker := handshake(t, addr, fb, "")
-	f := largeSend(false)
-	send(t, client, f[:len(f)/2])
-	readExactly(t, broker, len(f)/2)
+	client, broker, logs := halfSendInTransit(t, nil)
 
 	client.Close()
 
@@ -189,16 +194,9 @@ func (b backlogOnReceipt) Backlogged() bool { return *b.on }
 // then the rest of that SEND still reaches the broker (a frame begun is finished), and
 // only the client's next frame waits.
 func TestBacklogNeverStopsAFrameInTransit(t *testing.T) {
-	fb := newFakeBroker(t)
 	on := false
-	_, addr, _ := startProxy(t, []string{fb.addr()}, func(c *Config) {
-		c.ProducerPaths = func(ConnInfo) ProducerPath { return backlogOnReceipt{on: &on} }
-	})
-	client, broker := handshake(t, addr, fb, "")
-	f := largeSend(false)
-	half := len(f) / 2
-	send(t, client, f[:half])
-	readExactly(t, broker, half)
+	client, broker, _ := halfSendInTransit(t, backlogOnReceipt{on: &on})
+	f, half := largeSend(false), len(largeSend(false))/2
 	send(t, broker, wire.AppendSendReceiptFrame(nil, &wire.SendReceipt{ProducerID: 9, SequenceID: 1}))
 	expect(t, client, pulsarpb.BaseCommand_SEND_RECEIPT)
 
