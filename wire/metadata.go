@@ -33,13 +33,7 @@ func AppendRestampedFrame(dst []byte, f Frame, md *pulsarpb.MessageMetadata) ([]
 	if !f.HasPayload() {
 		return dst, ErrNotPayloadFrame
 	}
-	dst, start := beginFrame(dst)
-	dst = append(dst, f.Command()...)
-	endCommand(dst, start)
-	if f.bemOff != 0 {
-		dst = append(dst, f.b[f.bemOff-6:f.bemOff]...)
-		dst = append(dst, f.BrokerEntryMetadata()...)
-	}
+	dst, start := appendFrameHead(dst, f)
 	dst, err := appendMetadataAndPayload(dst, md, f.Payload())
 	if err != nil {
 		return dst[:start], err

@@ -160,13 +160,7 @@ func AppendStampedFrame(dst []byte, f Frame, s *Stamp) ([]byte, error) {
 	if !f.HasPayload() {
 		return dst, ErrNotPayloadFrame
 	}
-	dst, start := beginFrame(dst)
-	dst = append(dst, f.Command()...)
-	endCommand(dst, start)
-	if f.bemOff != 0 {
-		dst = append(dst, f.b[f.bemOff-6:f.bemOff]...)
-		dst = append(dst, f.BrokerEntryMetadata()...)
-	}
+	dst, start := appendFrameHead(dst, f)
 	dst = binary.BigEndian.AppendUint16(dst, MagicChecksum)
 	crcAt := len(dst)
 	dst = append(dst, 0, 0, 0, 0, 0, 0, 0, 0)
