@@ -15,15 +15,9 @@ import (
 // SendTagged forwards a client send unchanged, like a send that is never merged, and reports
 // its fate to Config.OnTagged with tag (non-zero).
 func (p *Producer) SendTagged(now time.Time, f wire.Frame, tag uint64, out *Output) error {
-	s, err := wire.ParseSend(f)
+	s, err := p.admit(f)
 	if err != nil {
 		return err
-	}
-	if s.ProducerID != p.cfg.ProducerID {
-		return ErrWrongProducer
-	}
-	if p.Pending() >= p.cfg.MaxPendingSends {
-		return ErrTooManyPending
 	}
 	p.stats.ClientSends++
 	if err := p.verbatim(now, f, &s, out); err != nil {
@@ -37,15 +31,9 @@ func (p *Producer) SendTagged(now time.Time, f wire.Frame, tag uint64, out *Outp
 // Hold queues a client send that is not forwarded; Resolve, Fail or Promote settles it later.
 // It returns the send's handle.
 func (p *Producer) Hold(now time.Time, f wire.Frame, out *Output) (uint64, error) {
-	s, err := wire.ParseSend(f)
+	s, err := p.admit(f)
 	if err != nil {
 		return 0, err
-	}
-	if s.ProducerID != p.cfg.ProducerID {
-		return 0, ErrWrongProducer
-	}
-	if p.Pending() >= p.cfg.MaxPendingSends {
-		return 0, ErrTooManyPending
 	}
 	if err := p.flushAll(out); err != nil {
 		return 0, err

@@ -378,17 +378,26 @@ func (p *Producer) flushAll(out *Output) error {
 	return nil
 }
 
+// admit reads a client SEND and checks it may join the engine: this producer's, within
+// MaxPendingSends.
+func (p *Producer) admit(f wire.Frame) (wire.Send, error) {
+	s, err := wire.ParseSend(f)
+	switch {
+	case err != nil:
+		return s, err
+	case s.ProducerID != p.cfg.ProducerID:
+		return s, ErrWrongProducer
+	case p.Pending() >= p.cfg.MaxPendingSends:
+		return s, ErrTooManyPending
+	}
+	return s, nil
+}
+
 // Send takes one client SEND frame of this producer.
 func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
-	s, err := wire.ParseSend(f)
+	s, err := p.admit(f)
 	if err != nil {
 		return err
-	}
-	if s.ProducerID != p.cfg.ProducerID {
-		return ErrWrongProducer
-	}
-	if p.Pending() >= p.cfg.MaxPendingSends {
-		return ErrTooManyPending
 	}
 	if !f.HasPayload() {
 		return ErrMalformedSend
