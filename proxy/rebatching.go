@@ -289,21 +289,16 @@ func (r *rebatchPath) FromClient(f wire.Frame, out Outputs) (Verdict, error) {
 		if err != nil {
 			return Forward, nil
 		}
-		if e := r.producers[s.ProducerID]; e != nil && len(r.queued[s.ProducerID]) > 0 && r.deferFrame(e, f) {
-			return r.emit(e.id, e, out, nil)
-		}
-		if s.IsChunk && r.chunks != nil {
-			return r.chunkSend(f, &s, out)
-		}
-		e, ok := r.producers[s.ProducerID]
-		if !ok {
-			if info := r.known[s.ProducerID]; info != nil {
-				info.inflight++
-			}
+		e, unchanged := r.sendEngine(&s)
+		switch {
+		case unchanged:
 			return Forward, nil
+		case e != nil && len(r.queued[e.id]) > 0 && r.deferFrame(e, f):
+			return r.emit(e.id, e, out, nil)
+		case s.IsChunk && r.chunks != nil:
+			return r.chunkSend(e, f, &s, out)
 		}
-		err = e.p.Send(time.Now(), f, &r.out)
-		return r.emit(s.ProducerID, e, out, err)
+		return r.emit(s.ProducerID, e, out, e.p.Send(time.Now(), f, &r.out))
 	case pulsarpb.BaseCommand_CLOSE_PRODUCER:
 		if err := wire.DecodeCommand(f, &r.cmd); err != nil {
 			return Forward, nil
@@ -347,16 +342,28 @@ func (r *rebatchPath) closeProducer(id uint64) error {
 // reads their metadata) and so do sends of rewriting producers.
 func (r *rebatchPath) ForwardHead(h wire.Head) bool {
 	s, err := wire.ParseSendHead(h)
-	if err != nil || (s.IsChunk && r.chunks != nil) {
+	if err != nil {
 		return false
 	}
-	if _, ok := r.producers[s.ProducerID]; ok {
-		return false
+	_, unchanged := r.sendEngine(&s)
+	return unchanged
+}
+
+// sendEngine returns the engine a client SEND goes to, or reports it goes on unchanged: its
+// producer has no engine (passthrough) and it is not a chunk for duplicate removal. Such a
+// send is counted, so that an engine created later for the producer adopts its receipt. A
+// chunk of a producer without an engine yet gets (nil, false): chunkSend creates one.
+func (r *rebatchPath) sendEngine(s *wire.Send) (e *engine, unchanged bool) {
+	if e, ok := r.producers[s.ProducerID]; ok {
+		return e, false
+	}
+	if s.IsChunk && r.chunks != nil {
+		return nil, false
 	}
 	if info := r.known[s.ProducerID]; info != nil {
 		info.inflight++
 	}
-	return true
+	return nil, true
 }
 
 func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
@@ -872,9 +879,8 @@ func (r *rebatchPath) newToken() chunkdedup.Token {
 // chunkSend handles a chunk from the client (any policy): the tracker decides whether it is
 // forwarded or answered, and the producer's engine (created on its first chunk for a
 // passthrough producer) keeps the receipts in the client's order.
-func (r *rebatchPath) chunkSend(f wire.Frame, s *wire.Send, out Outputs) (Verdict, error) {
-	e, ok := r.producers[s.ProducerID]
-	if !ok {
+func (r *rebatchPath) chunkSend(e *engine, f wire.Frame, s *wire.Send, out Outputs) (Verdict, error) {
+	if e == nil {
 		info := r.known[s.ProducerID]
 		if info == nil || info.name == "" {
 			return Forward, nil // not a producer the broker accepted on this connection
