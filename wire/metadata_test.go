@@ -2,6 +2,7 @@ package wire
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -38,7 +39,7 @@ func TestSetProperty(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			md := &pulsarpb.MessageMetadata{Properties: tc.in}
 			SetProperty(md, tc.k, tc.v)
-			if got := propsOf(md); !equalStrings(got, tc.want) {
+			if got := propsOf(md); !slices.Equal(got, tc.want) {
 				t.Fatalf("got %v, want %v", got, tc.want)
 			}
 			if v, ok := Property(md, tc.k); !ok || v != tc.v {
@@ -48,21 +49,9 @@ func TestSetProperty(t *testing.T) {
 	}
 	md := &pulsarpb.MessageMetadata{Properties: []*pulsarpb.KeyValue{kv("a", "0"), kv("b", "0"), kv("a", "1")}}
 	DeleteProperty(md, "a")
-	if got := propsOf(md); !equalStrings(got, []string{"b=0"}) {
+	if got := propsOf(md); !slices.Equal(got, []string{"b=0"}) {
 		t.Fatalf("DeleteProperty: %v", got)
 	}
-}
-
-func equalStrings(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestRestampKeepsPayload stamps every field the rebatching engine sets and
@@ -111,7 +100,7 @@ func TestRestampKeepsPayload(t *testing.T) {
 		back.GetHighestSequenceId() != 12 || back.GetUncompressedSize() != 300 || back.Compression != nil {
 		t.Fatalf("stamped fields: %v", &back)
 	}
-	if got := propsOf(&back); !equalStrings(got, []string{"region=eu", "tier=gold"}) {
+	if got := propsOf(&back); !slices.Equal(got, []string{"region=eu", "tier=gold"}) {
 		t.Fatalf("properties %v", got)
 	}
 	// Field 33 as a varint is the two-byte tag 0x88 0x02; check the raw

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"bytes"
+	"slices"
 	"sort"
 	"testing"
 
@@ -50,7 +51,7 @@ func sameMetadata(t *testing.T, got, want *pulsarpb.MessageMetadata) {
 		sort.Strings(out)
 		return out
 	}
-	if g, w := norm(got), norm(want); !equalStrings(g, w) {
+	if g, w := norm(got), norm(want); !slices.Equal(g, w) {
 		t.Fatalf("properties %v, want %v", g, w)
 	}
 	g, w := proto.Clone(got).(*pulsarpb.MessageMetadata), proto.Clone(want).(*pulsarpb.MessageMetadata)

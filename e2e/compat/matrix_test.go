@@ -496,6 +496,10 @@ func produceConsume(partitions int) func(context.Context, *row, *env) {
 			r.fail(colS, "reading stored entries: %v", err)
 			return
 		}
+		delivery := map[string]string{
+			"batched": checkDelivered(byRun(got.Messages, "batched"), nB, keys, size, orderFor(partitions)),
+			"single":  checkDelivered(byRun(got.Messages, "single"), nS, keys, size, orderFor(partitions)),
+		}
 		// Entries per run, from the messages' own properties. A batch that happens to hold one
 		// message may be stored in the non-batch format (Java 3.0 and later do that).
 		multi, bad := map[string]int{}, map[string]int{}
@@ -517,8 +521,8 @@ func produceConsume(partitions int) func(context.Context, *row, *env) {
 			switch {
 			case len(batched.Acks) != nB:
 				r.fail(colB, "%d of %d sends acknowledged", len(batched.Acks), nB)
-			case checkDelivered(byRun(got.Messages, "batched"), nB, keys, size, orderFor(partitions)) != "":
-				r.fail(colB, "delivery: %s", checkDelivered(byRun(got.Messages, "batched"), nB, keys, size, orderFor(partitions)))
+			case delivery["batched"] != "":
+				r.fail(colB, "delivery: %s", delivery["batched"])
 			case multi["batched"] == 0 || bad["batched"] > 0:
 				r.fail(colB, "the broker stored %d entries of several messages, %d mixing runs (%d entries in all)", multi["batched"], bad["batched"], len(entries))
 			default:
@@ -529,8 +533,8 @@ func produceConsume(partitions int) func(context.Context, *row, *env) {
 			switch {
 			case len(single.Acks) != nS:
 				r.fail(colS, "%d of %d sends acknowledged", len(single.Acks), nS)
-			case checkDelivered(byRun(got.Messages, "single"), nS, keys, size, orderFor(partitions)) != "":
-				r.fail(colS, "delivery: %s", checkDelivered(byRun(got.Messages, "single"), nS, keys, size, orderFor(partitions)))
+			case delivery["single"] != "":
+				r.fail(colS, "delivery: %s", delivery["single"])
 			case multi["single"] > 0 || bad["single"] > 0:
 				r.fail(colS, "the broker stored unbatched messages %d times in an entry of several", multi["single"]+bad["single"])
 			default:

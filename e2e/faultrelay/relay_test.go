@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -313,18 +314,6 @@ func waitFired(t *testing.T, r *Relay) {
 	}
 }
 
-func equalInt32s(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 // ---------------------------------------------------------------------------------------------
 // tests
 
@@ -440,7 +429,7 @@ func TestCut_ServerStoresTheFirstNChunksAndTheClientGetsNoneOfTheirReceipts(t *t
 	}
 	waitFired(t, r)
 	srv.waitEOFs(t, 1)
-	if got, want := srv.sends(), []int32{-1, 0, 1, 2}; !equalInt32s(got, want) {
+	if got, want := srv.sends(), []int32{-1, 0, 1, 2}; !slices.Equal(got, want) {
 		t.Fatalf("server got sends %v, want %v", got, want)
 	}
 	cuts := r.Cuts()
@@ -520,7 +509,7 @@ func TestCut_FiresOnOneConnectionAndTheReconnectIsRelayedUntouched(t *testing.T)
 	for range 3 {
 		second.read()
 	}
-	if got, want := srv.sends(), []int32{0, 0, 1}; !equalInt32s(got, want) {
+	if got, want := srv.sends(), []int32{0, 0, 1}; !slices.Equal(got, want) {
 		t.Fatalf("server got sends %v, want %v", got, want)
 	}
 	if n := len(r.Cuts()); n != 1 {
