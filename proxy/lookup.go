@@ -281,13 +281,14 @@ type followOutcome struct {
 	target     string // the broker URL asked last
 }
 
-// errChallenged reports a target answering CONNECT with AUTH_CHALLENGE, or
-// refusing the client's credentials as the proxy holds them (the client may
-// have refreshed them in a way the proxy did not see): the client is better
-// placed to follow that redirect itself.
+// errChallenged and errAuthRefused report a target that cannot authenticate
+// the client from the proxy's copy of its credentials: it answers CONNECT
+// with AUTH_CHALLENGE (multi-stage authentication), or refuses them with
+// AuthenticationError. The client is better placed to follow that redirect
+// itself.
 var errChallenged = errors.New("target answered CONNECT with AUTH_CHALLENGE")
 
-// errAuthRefused reports a target refusing the CONNECT with AuthenticationError.
+// errAuthRefused: see errChallenged.
 var errAuthRefused = errors.New("target refused the client's credentials")
 
 // run follows the chain. It runs on its own goroutine.
