@@ -261,3 +261,38 @@ func TestQueuedFramesKeepTheClientsOrder(t *testing.T) {
 		t.Fatalf("client receipts %v, want [5 6 7]", got)
 	}
 }
+
+// Contract 7 for the queue behind a held chunk: given chunk 5 held on a new connection while
+// its original is in flight on the old one,
+// when the client sends more than maxQueuedBytes of later messages,
+// then the copies stop at the bound: the send that would exceed it goes to the broker at once.
+func TestQueueBehindHeldChunkIsBounded(t *testing.T) {
+	cd := NewChunkDedup(chunkdedup.Config{})
+	old, _ := chunkPath(t, cd, 1)
+	if _, err := old.FromClient(twoChunkFrame(t, 5, 0), &rawOut{t: t}); err != nil {
+		t.Fatal(err)
+	}
+	cur, _ := chunkPath(t, cd, 2)
+	curOut := &rawOut{t: t}
+	if _, err := cur.FromClient(twoChunkFrame(t, 5, 0), curOut); err != nil {
+		t.Fatal(err)
+	}
+	big := func(seq uint64) wire.Frame {
+		b, err := wire.AppendSendFrameMetadata(nil, &wire.Send{ProducerID: 1, SequenceID: seq},
+			&pulsarpb.MessageMetadata{ProducerName: proto.String("p"), SequenceId: proto.Uint64(seq), PublishTime: proto.Uint64(1)},
+			make([]byte, 1<<20))
+		return frameOf(t, b, err)
+	}
+	fit := maxQueuedBytes / (1<<20 + 100)
+
+	for seq := uint64(6); seq <= uint64(6+fit); seq++ {
+		if _, err := cur.FromClient(big(seq), curOut); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	cmds := brokerCommands(t, curOut)
+	if len(cmds) != 1 || cmds[0].GetSend().GetSequenceId() != uint64(6+fit) {
+		t.Fatalf("broker got %d frames, want only the send past the bound (%d)", len(cmds), 6+fit)
+	}
+}

@@ -209,3 +209,42 @@ func TestBacklogNeverStopsAFrameInTransit(t *testing.T) {
 		t.Fatalf("%d bytes of the client's next frame passed during the backlog", len(next))
 	}
 }
+
+// bigWriteOnReceipt is a producer path that writes n bytes of frames of its own to the broker
+// when the broker acknowledges a send.
+type bigWriteOnReceipt struct {
+	Passthrough
+	n int
+}
+
+func (b bigWriteOnReceipt) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
+	if f.Type() == pulsarpb.BaseCommand_SEND_RECEIPT {
+		var buf []byte
+		for len(buf) < b.n {
+			buf = wire.AppendPingFrame(buf)
+		}
+		out.ToBroker(buf)
+	}
+	return Forward, nil
+}
+
+// Contract 7 for held frames: given a SEND half forwarded to the broker through a proxy whose
+// hard buffer limit is 1 MiB,
+// when the producer path writes more than that towards the broker meanwhile,
+// then the pair is closed with a logged buffer-limit reason instead of holding it all.
+func TestHeldFramesAreBounded(t *testing.T) {
+	fb := newFakeBroker(t)
+	_, addr, logs := startProxy(t, []string{fb.addr()}, func(c *Config) {
+		c.MaxMessageSize, c.SoftBufferLimit, c.HardBufferLimit = 512<<10, 64<<10, 1<<20
+		c.ProducerPaths = func(ConnInfo) ProducerPath { return bigWriteOnReceipt{n: 2 << 20} }
+	})
+	client, broker := handshake(t, addr, fb, "")
+	f := largeSend(false)
+	send(t, client, f[:len(f)/2])
+	readExactly(t, broker, len(f)/2)
+
+	send(t, broker, wire.AppendSendReceiptFrame(nil, &wire.SendReceipt{ProducerID: 9, SequenceID: 1}))
+
+	expectClosed(t, client)
+	logs.waitFor(t, "held behind a frame in transit")
+}
