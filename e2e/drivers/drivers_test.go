@@ -2,12 +2,10 @@ package drivers
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"math/bits"
 	"net/http"
 	"os"
 	"regexp"
@@ -15,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rebatchproxy/rebatchproxy/route"
 )
 
 // These tests run every driver against a real broker, directly (no proxy):
@@ -275,63 +275,15 @@ func TestUnsupportedFeatures(t *testing.T) {
 	}
 }
 
-// murmur3 is MurmurHash3 x86_32, the hash the broker applies to sticky keys.
-func murmur3(data []byte, seed uint32) uint32 {
-	const c1, c2 = 0xcc9e2d51, 0x1b873593
-	mix := func(k uint32) uint32 {
-		k *= c1
-		k = bits.RotateLeft32(k, 15)
-		return k * c2
-	}
-	h := seed
-	n := len(data) / 4
-	for i := 0; i < n; i++ {
-		h ^= mix(binary.LittleEndian.Uint32(data[i*4:]))
-		h = bits.RotateLeft32(h, 13)
-		h = h*5 + 0xe6546b64
-	}
-	var k uint32
-	tail := data[n*4:]
-	switch len(tail) {
-	case 3:
-		k ^= uint32(tail[2]) << 16
-		fallthrough
-	case 2:
-		k ^= uint32(tail[1]) << 8
-		fallthrough
-	case 1:
-		k ^= uint32(tail[0])
-		h ^= mix(k)
-	}
-	h ^= uint32(len(data))
-	h ^= h >> 16
-	h *= 0x85ebca6b
-	h ^= h >> 13
-	h *= 0xc2b2ae35
-	h ^= h >> 16
-	return h
-}
-
-func TestMurmur3Vectors(t *testing.T) {
-	for _, c := range []struct {
-		in   string
-		want uint32
-	}{{"", 0}, {"hello", 0x248bfa47}, {"The quick brown fox jumps over the lazy dog", 0x2e4ff723}} {
-		if got := murmur3([]byte(c.in), 0); got != c.want {
-			t.Errorf("murmur3(%q) = %#x, want %#x", c.in, got, c.want)
-		}
-	}
-}
-
 // TestKeySharedSticky: two Key_Shared STICKY consumers of the same client own the two halves of
-// the hash ring; every message must reach the consumer whose range holds its key's slot (low 16
-// bits of murmur3), in per-key order. Messages are unbatched so that each entry has one key.
+// the hash ring; every message must reach the consumer whose range holds its key's slot
+// (route.StickySlot, the broker's), in per-key order. Messages are unbatched so that each entry has one key.
 func TestKeySharedSticky(t *testing.T) {
 	requireBroker(t)
 	const n, keys = 60, 12
 	ranges := [2]string{"0-32767", "32768-65535"}
 	owner := func(key string) int {
-		if murmur3([]byte(key), 0)&0xFFFF > 32767 {
+		if route.StickySlot([]byte(key)) > 32767 {
 			return 1
 		}
 		return 0
@@ -392,7 +344,7 @@ func TestKeySharedSticky(t *testing.T) {
 						t.Errorf("consumer %d: message %d has ordering key %s, none was set", c, m.I, *m.OrderingKey)
 					}
 					if owner(k) != c {
-						t.Errorf("consumer %d (%s) got key %s (slot %d)", c, ranges[c], k, murmur3([]byte(k), 0)&0xFFFF)
+						t.Errorf("consumer %d (%s) got key %s (slot %d)", c, ranges[c], k, route.StickySlot([]byte(k)))
 					}
 					if p, ok := last[k]; ok && m.I <= p {
 						t.Errorf("consumer %d: key %s index %d after %d", c, k, m.I, p)
