@@ -57,6 +57,7 @@ type RebatchMetrics struct {
 	latency     *prometheus.HistogramVec
 	engineErrs  *prometheus.CounterVec
 	backlogs    *prometheus.CounterVec
+	asBuilt     *prometheus.CounterVec
 	activeProds prometheus.Gauge
 }
 
@@ -77,6 +78,11 @@ func NewRebatchMetrics() *RebatchMetrics {
 			Help: "Producer-path errors that closed a connection."}, []string{"policy", "error"}),
 		backlogs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rebatchproxy_rebatch_backlog_pauses_total",
 			Help: "Times reading from a client stopped because one of its producers had 3/4 of max pending sends awaiting receipts."}, []string{"policy"}),
+		asBuilt: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rebatchproxy_rebatch_sends_as_built_total",
+			Help: "Client sends a rewriting policy could not rebuild safely for broker de-duplication and forwarded as the client built them " +
+				"(numbering: more entries needed than the send has sequence ids; out_of_order: ids at or below ones already sent, for the broker to judge) " +
+				"and pieces of resends sent as duplicates because an earlier attempt cut them differently (resend_cut_differently)."},
+			[]string{"policy", "reason"}),
 		activeProds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "rebatchproxy_rebatch_producers",
 			Help: "Client producers currently under a rewriting policy."}),
 	}
@@ -84,7 +90,7 @@ func NewRebatchMetrics() *RebatchMetrics {
 
 // Collectors returns the metrics for registration.
 func (m *RebatchMetrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.sends, m.entries, m.perEntry, m.flushes, m.latency, m.engineErrs, m.backlogs, m.activeProds}
+	return []prometheus.Collector{m.sends, m.entries, m.perEntry, m.flushes, m.latency, m.engineErrs, m.backlogs, m.asBuilt, m.activeProds}
 }
 
 // RebatchPaths returns the ProducerPathFactory of the rewriting proxy: each
@@ -138,6 +144,7 @@ type engine struct {
 	lanesClosed bool // CLOSE_PRODUCER was sent for its own lanes
 	backlogged  bool // counted in rebatchPath.backlogged
 	last        rebatch.Stats
+	noted       uint8 // reasons already logged for sends forwarded as built (see account)
 	// held is the client's PRODUCER_SUCCESS, withheld until the bucket producers exist.
 	held      *pulsarpb.CommandProducerSuccess
 	heldReqID uint64
@@ -662,13 +669,42 @@ func errorLabel(err error) string {
 	return "other"
 }
 
-// account adds the engine's counter deltas to the metrics.
+// account adds the engine's counter deltas to the metrics, and logs the first send of each
+// producer that the engine had to forward as the client built it (one line per producer and
+// reason, so a client that numbers every send that way costs one line, not one per send).
 func (r *rebatchPath) account(e *engine) {
-	if r.m == nil {
-		return
-	}
 	s := e.p.Stats()
 	d := func(now, before uint64) float64 { return float64(now - before) }
+	for _, f := range []struct {
+		reason     string
+		bit        uint8
+		now, since uint64
+		why        string
+	}{
+		{"numbering", 1, s.SendsUnsplittable, e.last.SendsUnsplittable,
+			"a send the policy would cut into more entries than its sequence ids can number (e.g. a key-based batcher's batch mixing property groups) is forwarded as the client built it"},
+		{"out_of_order", 2, s.SendsOutOfOrder, e.last.SendsOutOfOrder,
+			"a send numbered at or below ids already sent (application-supplied sequence ids out of order) is forwarded as built, for the broker's de-duplication to judge as it would directly"},
+		{"resend_cut_differently", 4, s.PiecesStraddlingMark, e.last.PiecesStraddlingMark,
+			"part of a resend straddles the broker's de-duplication mark (the first attempt was cut under another policy or limit); it is sent as a duplicate"},
+	} {
+		v := d(f.now, f.since)
+		if v == 0 {
+			continue
+		}
+		if r.m != nil {
+			r.m.asBuilt.WithLabelValues(e.kind, f.reason).Add(v)
+		}
+		if e.noted&f.bit == 0 {
+			e.noted |= f.bit
+			r.log.Warn("producer's sequence ids cannot be rewritten safely; "+f.why+" (logged once per producer)", "topic", e.topic,
+				"producer_id", e.id, "producer", e.name, "policy", e.kind, "reason", f.reason)
+		}
+	}
+	if r.m == nil {
+		e.last = s
+		return
+	}
 	if v := d(s.ClientSends, e.last.ClientSends); v > 0 {
 		r.m.sends.WithLabelValues(e.kind).Add(v)
 	}

@@ -50,26 +50,31 @@
 // by the producing application can differ from the ids consumers see.
 //
 // Sequence spaces (contract 4). The broker producer is the client's own (same producer id and
-// name), and the engine keeps the client's sequence space: each built entry carries
-// sequence_id = its first message's sequence id and highest_sequence_id = its last one's. The
-// policies here preserve order, so consecutive entries carry strictly increasing, disjoint
-// ranges, which is what broker de-duplication checks (the lowest id against the highest it
-// has recorded). The engine tracks that mark (lastPushed), starting from
+// name), and the engine stays in the client's sequence space. Broker de-duplication judges an
+// entry by its command ids only (its sequence_id against the highest id the producer name has
+// recorded), so the ids an entry may carry are those its client sends lend it: a send's own
+// command span, or its per-message ids where the client numbers every message from one counter
+// (numbering.go says exactly which sends are which). Entries on one broker producer carry
+// strictly increasing, disjoint ranges. The engine tracks each broker producer's mark as the
+// broker will (lastPushed: moved only by entries the broker will take as new), starting from
 // CommandProducerSuccess.last_sequence_id, and:
-//   - forwards unchanged a send whose sequence ids it cannot cut safely (a key-based client
-//     batch whose command id is not its first message's) or that lies wholly at or below the
-//     mark (a resend the broker must judge itself);
-//   - splits a resend that straddles the mark: the messages at or below it go in an entry of
-//     their own, which the broker drops as duplicates, so the new messages after them are not
-//     dropped with them. This is what makes a send that the proxy had split, and that was
-//     only partly stored when a connection or the proxy died, end up stored exactly once.
+//   - merges whole sends freely, and cuts a send only into pieces it has ids for; a send
+//     needing more pieces than ids (a key-based batcher's batch of one id mixing property
+//     groups) is forwarded as the client built it (Stats.SendsUnsplittable, logged once per
+//     producer, metric rebatchproxy_rebatch_sends_as_built_total);
+//   - forwards unchanged a send lying wholly at or below the mark (a resend the broker must
+//     judge itself), and one numbered at or below ids the engine already sent (application ids
+//     out of order, which a direct broker drops), so the broker judges it as it would directly;
+//   - puts the parts of a resend that lie at or below the mark in entries of their own, which
+//     the broker drops as duplicates, so the new messages after them are not dropped with them.
+//     Cuts depend on the send alone, so a resend is cut as its first attempt was; this is what
+//     makes a send that the proxy had cut, and that was only partly stored when a connection or
+//     the proxy died, end up stored exactly once.
 //
 // Clients that number batches rather than messages (pulsar-client-go before v0.10 leaves the
-// messages' sequence ids unset: a batch of n messages is one id) are handled as such: their
-// batch may be merged whole with others, never cut, since a second entry with the same id
-// would be a duplicate to the broker and new ids would collide with the client's next ones. A
-// batch of theirs that the policy would have to cut (mixed property groups, several buckets,
-// over max bytes) is forwarded as the client built it.
+// messages' sequence ids unset: a batch of n messages is one id) are spans of one id: their
+// batch may be merged whole with others, or cut across bucket producers (one piece each), and
+// is forwarded as built when the policy would cut it further.
 //
 // Because the broker producer is the client's, no translation of last_sequence_id is needed.
 //
@@ -78,7 +83,8 @@
 // de-duplication state. A bucket's messages are a subsequence of the client's, so their
 // client sequence ids rise strictly within the lane and each lane's entries carry valid
 // ranges; after any reconnect a message is a duplicate exactly when its id is at or below its
-// lane's last_sequence_id, and such messages go in entries of duplicates only. The client is
+// lane's last_sequence_id (its piece's ids, for a span), and such messages go in entries of
+// duplicates only. The client is
 // given the highest last_sequence_id of its producers, so ids it allocates next are new in
 // every lane.
 //

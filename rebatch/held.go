@@ -86,7 +86,7 @@ func (p *Producer) Promote(id uint64, f wire.Frame, tag uint64, out *Output) err
 	l := p.lanes[0]
 	hi := max(s.SequenceID, s.HighestSequenceID)
 	l.push(inflight{lo: s.SequenceID, hi: hi, one: sendRef{p, id, true}, tag: tag})
-	l.lastPushed = max(l.lastPushed, int64(hi))
+	p.pushed(l, s.SequenceID, hi)
 	out.Broker = append(out.Broker, f.Bytes()...)
 	p.stats.EntriesVerbatim++
 	return nil

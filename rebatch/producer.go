@@ -93,6 +93,15 @@ type Stats struct {
 	FlushIdle        uint64 // sent at once because nothing of its lane was in flight
 	ReceiptsToClient uint64
 	ErrorsToClient   uint64
+	// SendsUnsplittable counts sends forwarded as the client built them because the policy
+	// would cut them into more pieces than their sequence ids can number (numbering.go).
+	SendsUnsplittable uint64
+	// SendsOutOfOrder counts sends whose command id is at or below one the engine already
+	// sent; they are forwarded unchanged for the broker to judge, as it would directly.
+	SendsOutOfOrder uint64
+	// PiecesStraddlingMark counts pieces of resent sends that the earlier attempt had cut
+	// differently (another policy or budget); they are sent as duplicates.
+	PiecesStraddlingMark uint64
 }
 
 // clientSend is one CommandSend of the client awaiting its receipt.
@@ -176,8 +185,8 @@ type lane struct {
 	open       openBatch
 	entries    []inflight // in flight, oldest first; see push and pop
 	base       []inflight // the array entries lives in, from its start, reused once empty
-	// lastPushed is the highest sequence id sent under this producer, as the broker's
-	// de-duplication records it (max of sequence_id and highest_sequence_id).
+	// lastPushed is this producer's de-duplication mark as the broker will have it once it has
+	// judged everything sent (see pushed); on a shared lane, the highest id sent.
 	lastPushed int64
 	requestID  uint64 // outstanding PRODUCER request (bucket and shared lanes)
 	ready      bool
@@ -220,6 +229,14 @@ type Producer struct {
 	zipped    []byte
 	groupKV   []byte
 	groupVals [][]byte
+	plan      []planned
+	pieces    []piece
+	arena     []byte
+	current   []int
+	// ownMark is the highest sequence id this engine has sent, or placed in an open batch, as
+	// new on its own broker producers (-1: none yet); a client send at or below it is out of
+	// order, not a resend.
+	ownMark int64
 	// atomic: the send being taken apart numbers its batch as one sequence id (no per-message
 	// ids); mixedSeq: some of its messages have ids and some do not.
 	atomic, mixedSeq bool
@@ -246,7 +263,7 @@ func NewProducer(cfg Config) (*Producer, error) {
 			cfg.MaxPendingSends = 1 << 22
 		}
 	}
-	p := &Producer{cfg: cfg}
+	p := &Producer{cfg: cfg, ownMark: -1}
 	p.lanes = []*lane{{producerID: cfg.ProducerID, name: cfg.ProducerName, lastPushed: cfg.LastSequenceID, ready: true}}
 	switch cfg.Policy.Kind {
 	case Properties:
@@ -292,6 +309,26 @@ func (l *lane) pop() inflight {
 		l.entries = l.base[:0]
 	}
 	return e
+}
+
+// take removes and returns the entry in flight a broker answer is for: the oldest one (which
+// an entry adopted from before the engine matches whatever its ids), else the oldest that
+// match accepts. The broker answers in order except when de-duplication answers at once: a
+// duplicate's receipt (-1:-1) and the "cannot determine" error overtake the entries ahead of
+// them, which an out-of-order send makes happen on a live producer.
+func (l *lane) take(match func(*inflight) bool) (inflight, bool) {
+	if l.entries[0].adopted || match(&l.entries[0]) {
+		return l.pop(), true
+	}
+	for i := 1; i < len(l.entries); i++ {
+		if !l.entries[i].adopted && match(&l.entries[i]) {
+			e := l.entries[i]
+			copy(l.entries[i:], l.entries[i+1:])
+			l.entries = l.entries[:len(l.entries)-1]
+			return e, true
+		}
+	}
+	return inflight{}, false
 }
 
 // LaneName is the broker producer name of bucket i of a client producer. It is derived from
@@ -429,60 +466,91 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 		}
 	}
 	p.stats.ClientMessages += uint64(len(msgs))
-	hi := msgs[len(msgs)-1].seq
-	// Sequence ids this engine cannot cut safely (key-based client batches), or, on the
-	// client's own producer, a resend of something the broker already has: the broker must
-	// judge the send exactly as the client made it.
-	if p.mixedSeq || !sequential(msgs, s.SequenceID, p.atomic) || (p.ring == nil && int64(hi) <= p.lanes[0].lastPushed) {
+	if len(p.lanes) > 1 && p.lanes[1].shared {
+		return p.sendShared(now, &s, msgs, out)
+	}
+	num := numberingOf(s.SequenceID, s.HighestSequenceID, msgs, p.atomic, p.mixedSeq)
+	if int64(s.SequenceID) <= p.ownMark {
+		// Below what this engine already sent, so not a resend (numbering.go): the broker judges
+		// it as the client built it, against the mark its ids were compared with directly.
+		p.stats.SendsOutOfOrder++
+		return p.verbatimOn(now, f, &s, nil, out)
+	}
+	if p.ring == nil && int64(num.hi) <= p.lanes[0].lastPushed {
+		// A resend of something the broker holds whole: the broker answers it itself.
 		return p.verbatim(now, f, &s, out)
 	}
-	if p.atomic && len(msgs) > 1 {
-		// A send with one sequence id for all its messages may be merged whole but never
-		// cut: a second entry with the same id would be a duplicate to broker
-		// de-duplication, and inventing ids would collide with the client's next ones. If it
-		// cannot go whole into one entry, it goes as the client built it.
-		if !p.fitsOneEntry(msgs) {
-			return p.verbatim(now, f, &s, out)
-		}
+	if !p.planSend(msgs, num) {
+		p.stats.SendsUnsplittable++
+		return p.verbatim(now, f, &s, out)
 	}
 	id := p.sendBase + uint64(p.Pending())
 	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID})
-
 	for i, m := range msgs {
-		l := p.lanes[0]
-		if len(p.lanes) > 1 && p.lanes[1].shared {
-			l = p.lanes[1]
-		}
-		var hash uint16
-		hasHash := false
-		if p.ring != nil {
-			if key, ok := messageKey(m.smm); ok {
-				hash, hasHash = route.HashB(key), true
-			}
-			l = p.lanes[1+p.ring.Bucket(hash)]
-		}
-		// A message at or below the lane's de-duplication mark is a resend of something the
-		// broker may already hold (a send this proxy had split, part of which was stored when a
-		// connection or the proxy died). It goes in an entry of duplicates only, so the broker
-		// drops it without taking new messages with it.
-		dup := !l.shared && int64(m.seq) <= l.lastPushed
-		group := p.groupOf(m.smm)
+		pm := &p.plan[i]
+		l := p.lanes[pm.lane]
+		group := p.arena[pm.groupLo:pm.group]
+		lo, hi := m.seq, m.seq
 		need, count := 4+len(m.smm)+len(m.payload), 1
-		if p.atomic && len(msgs) > 1 {
-			if i > 0 {
-				p.add(now, l, id, m, group, dup, hash, hasHash)
-				continue // the whole send goes in the batch its first message opened
-			}
-			need, count = p.sendBytes(msgs), len(msgs)
+		if !num.perMessage {
+			pc := &p.pieces[pm.piece]
+			lo, hi = pc.lo, pc.hi
+			need, count = pc.bytes, pc.count
 		}
+		// Ids at or below the lane's mark are a resend of what the broker may already hold (a
+		// send this proxy had cut, part of which was stored when a connection or the proxy
+		// died). They go in entries of duplicates only, so the broker drops them without
+		// taking new messages with it. A span piece straddling the mark was cut differently
+		// before (another policy or budget): the broker will refuse its first id, so it is
+		// kept apart with the duplicates.
+		dup := int64(hi) <= l.lastPushed
+		if !dup && int64(lo) <= l.lastPushed {
+			dup = true
+			p.stats.PiecesStraddlingMark++
+		}
+		if num.perMessage || pm.start {
+			if o := &l.open; o.n > 0 {
+				switch {
+				case o.dup != dup, !p.sameEntryFields(o), !bytes.Equal(group, o.group):
+					p.stats.FlushGroup++
+				case len(o.buf)+need > p.budget:
+					p.stats.FlushMaxBytes++
+				case o.n+count > p.cfg.Policy.MaxMessages:
+					p.stats.FlushMaxMessages++
+				default:
+					goto add
+				}
+				if err := p.flush(l, out); err != nil {
+					return err
+				}
+			}
+		}
+	add:
+		p.add(now, l, id, m, group, dup, pm.hash, pm.hasHash, lo, hi)
+		// A span piece fits whole (checked at its start), so a full batch ends with a piece.
+		if l.open.n >= p.cfg.Policy.MaxMessages {
+			p.stats.FlushMaxMessages++
+			if err := p.flush(l, out); err != nil {
+				return err
+			}
+		}
+	}
+	return p.flushReady(out)
+}
+
+// sendShared places a send's messages in the shared lane of coalesce with merge_producers,
+// whose entries carry the proxy's own sequence ids: the client's numbering does not matter.
+func (p *Producer) sendShared(now time.Time, s *wire.Send, msgs []msgRef, out *Output) error {
+	l := p.lanes[1]
+	id := p.sendBase + uint64(p.Pending())
+	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID})
+	for _, m := range msgs {
 		if o := &l.open; o.n > 0 {
 			switch {
-			case o.dup != dup, !p.sameEntryFields(o), !bytes.Equal(group, o.group):
+			case !p.sameEntryFields(o):
 				p.stats.FlushGroup++
-			case len(o.buf)+need > p.budget:
+			case len(o.buf)+4+len(m.smm)+len(m.payload) > p.budget:
 				p.stats.FlushMaxBytes++
-			case o.n+count > p.cfg.Policy.MaxMessages:
-				p.stats.FlushMaxMessages++
 			default:
 				goto add
 			}
@@ -491,15 +559,20 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 			}
 		}
 	add:
-		p.add(now, l, id, m, group, dup, hash, hasHash)
-		if l.open.n >= p.cfg.Policy.MaxMessages && (!p.atomic || i == len(msgs)-1) {
+		p.add(now, l, id, m, nil, false, 0, false, 0, 0)
+		if l.open.n >= p.cfg.Policy.MaxMessages {
 			p.stats.FlushMaxMessages++
 			if err := p.flush(l, out); err != nil {
 				return err
 			}
 		}
 	}
-	// Duplicates never wait for company, and an idle lane does not wait at all.
+	return p.flushReady(out)
+}
+
+// flushReady sends the open batches that must not wait: duplicates never wait for company, and
+// an idle lane does not wait at all (group commit).
+func (p *Producer) flushReady(out *Output) error {
 	for _, l := range p.lanes {
 		switch {
 		case l.open.n == 0:
@@ -523,43 +596,6 @@ func (p *Producer) flushIdle(l *lane, out *Output) {
 		p.stats.FlushIdle++
 		_ = p.flush(l, out) // a flush error is an encoding bug; the batch stays open for Tick
 	}
-}
-
-// fitsOneEntry reports whether a send's messages can all go in one entry: one lane, one
-// property group, within max bytes and max messages.
-func (p *Producer) fitsOneEntry(msgs []msgRef) bool {
-	if len(msgs) > p.cfg.Policy.MaxMessages || p.sendBytes(msgs) > p.budget {
-		return false
-	}
-	first := string(p.groupOf(msgs[0].smm))
-	lane0 := p.laneIndex(msgs[0].smm)
-	for _, m := range msgs[1:] {
-		if string(p.groupOf(m.smm)) != first || p.laneIndex(m.smm) != lane0 {
-			return false
-		}
-	}
-	return true
-}
-
-// sendBytes is the batch payload size of a send's messages.
-func (p *Producer) sendBytes(msgs []msgRef) int {
-	n := 0
-	for _, m := range msgs {
-		n += 4 + len(m.smm) + len(m.payload)
-	}
-	return n
-}
-
-// laneIndex returns the bucket lane of a message (0 when the policy has no buckets).
-func (p *Producer) laneIndex(smm []byte) int {
-	if p.ring == nil {
-		return 0
-	}
-	var hash uint16
-	if key, ok := messageKey(smm); ok {
-		hash = route.HashB(key)
-	}
-	return 1 + p.ring.Bucket(hash)
 }
 
 // messageKey returns the key hashB is computed from (PIP-486): the ordering key, else the
@@ -592,24 +628,6 @@ func neverMerged(s *wire.Send, md *pulsarpb.MessageMetadata) bool {
 		md.DeliverAtTime != nil || md.MarkerType != nil ||
 		md.ReplicatedFrom != nil || len(md.ReplicateTo) > 0 ||
 		md.TxnidLeastBits != nil || md.TxnidMostBits != nil
-}
-
-// sequential reports whether the messages' sequence ids rise strictly from the send's own
-// sequence id, which is what lets the engine cut the send into entries with valid
-// de-duplication ranges.
-func sequential(msgs []msgRef, sendSeq uint64, atomic bool) bool {
-	if msgs[0].seq != sendSeq {
-		return false
-	}
-	if atomic {
-		return true // one id for the whole send, which then must not be cut (see Send)
-	}
-	for i := 1; i < len(msgs); i++ {
-		if msgs[i].seq <= msgs[i-1].seq {
-			return false
-		}
-	}
-	return true
 }
 
 // explode takes a send apart into messages, each with an encoded SingleMessageMetadata.
@@ -724,10 +742,11 @@ func (p *Producer) groupOf(smm []byte) []byte {
 }
 
 // add appends one message to a lane's open batch, opening it if needed.
-func (p *Producer) add(now time.Time, l *lane, id uint64, m msgRef, group []byte, dup bool, hash uint16, hasHash bool) {
+// lo and hi are the ids the message lends the entry: its own, or its piece's (numbering.go).
+func (p *Producer) add(now time.Time, l *lane, id uint64, m msgRef, group []byte, dup bool, hash uint16, hasHash bool, lo, hi uint64) {
 	o := &l.open
 	if o.n == 0 {
-		o.lo, o.started, o.dup = m.seq, now, dup
+		o.lo, o.started, o.dup = lo, now, dup
 		o.first = p
 		o.sends = o.sends[:0]
 		o.group = append(o.group[:0], group...)
@@ -764,11 +783,14 @@ func (p *Producer) add(now time.Time, l *lane, id uint64, m msgRef, group []byte
 	o.buf = append(o.buf, m.smm...)
 	o.buf = append(o.buf, m.payload...)
 	o.n++
-	o.hi = m.seq
+	o.hi = hi
 	if l.shared {
 		// A shared lane is the proxy's own sequence space: one id per message, in lane order.
 		o.lo, o.hi = l.seqNext-uint64(o.n-1), l.seqNext
 		l.seqNext++
+	}
+	if !dup && !l.shared {
+		p.ownMark = max(p.ownMark, int64(hi)) // it will be sent as new (see pushed)
 	}
 	cs := p.send(id)
 	if k := len(o.sends); k > 0 && o.sends[k-1].id == id && o.sends[k-1].p == p {
@@ -864,7 +886,11 @@ func (p *Producer) flush(l *lane, out *Output) error {
 		cs.unflushed -= sc.n
 	}
 	l.push(e)
-	l.lastPushed = max(l.lastPushed, int64(o.hi))
+	if l.shared {
+		l.lastPushed = max(l.lastPushed, int64(o.hi))
+	} else {
+		p.pushed(l, o.lo, o.hi)
+	}
 	p.stats.EntriesBuilt++
 	if p.cfg.OnEntry != nil {
 		p.cfg.OnEntry(o.n)
@@ -886,21 +912,61 @@ func messageKeyOf(pk []byte, b64 bool) ([]byte, bool) {
 // verbatim forwards a client send unchanged on the client's own producer, after flushing the
 // open batches so order holds.
 func (p *Producer) verbatim(now time.Time, f wire.Frame, s *wire.Send, out *Output) error {
+	return p.verbatimOn(now, f, s, p.lanes[0], out)
+}
+
+// verbatimOn forwards a client send as the client built it on broker producer l: the frame's
+// own bytes on the client's producer, re-addressed (same metadata and payload) on a bucket lane.
+// A nil l means the lane with the highest mark once the open batches are sent (highestLane).
+func (p *Producer) verbatimOn(now time.Time, f wire.Frame, s *wire.Send, l *lane, out *Output) error {
 	if err := p.flushAll(out); err != nil {
 		return err
 	}
-	l := p.lanes[0]
+	if l == nil {
+		l = p.highestLane()
+	}
 	id := p.sendBase + uint64(p.Pending())
 	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID, parts: 1})
 	hi := max(s.SequenceID, s.HighestSequenceID)
 	l.push(inflight{lo: s.SequenceID, hi: hi, one: sendRef{p, id, true}})
-	l.lastPushed = max(l.lastPushed, int64(hi))
-	out.Broker = append(out.Broker, f.Bytes()...)
+	p.pushed(l, s.SequenceID, hi)
+	if l.producerID == s.ProducerID {
+		out.Broker = append(out.Broker, f.Bytes()...)
+	} else {
+		moved := *s
+		moved.ProducerID = l.producerID
+		out.Broker = wire.AppendSendFrame(out.Broker, &moved, f.Metadata(), f.Payload())
+	}
 	p.stats.EntriesVerbatim++
 	if p.cfg.OnEntry != nil {
 		p.cfg.OnEntry(int(max(s.NumMessages, 1)))
 	}
 	return nil
+}
+
+// pushed moves a lane's de-duplication mark as the broker will when it judges an entry of
+// ids lo..hi sent there (MessageDeduplication.isDuplicateNormal): an entry whose first id is
+// above the mark is new and moves the mark to its highest; any other is a duplicate and leaves
+// it. Tracking the broker's mark exactly, not the highest id sent, keeps a dropped entry's ids
+// from making later, new sends look like duplicates.
+func (p *Producer) pushed(l *lane, lo, hi uint64) {
+	if int64(lo) > l.lastPushed {
+		l.lastPushed = int64(hi)
+		p.ownMark = max(p.ownMark, int64(hi))
+	}
+}
+
+// highestLane returns the engine's broker producer whose de-duplication mark is highest: a
+// send below an id the engine already sent goes there, so the broker compares it with the mark
+// a direct connection would have.
+func (p *Producer) highestLane() *lane {
+	best := p.lanes[0]
+	for _, l := range p.lanes[1:] {
+		if !l.shared && l.ready && l.lastPushed > best.lastPushed {
+			best = l
+		}
+	}
+	return best
 }
 
 func (p *Producer) laneOf(producerID uint64) *lane {
@@ -919,13 +985,17 @@ func (p *Producer) OwnsProducer(producerID uint64) bool { return p.laneOf(produc
 // engine's producers and releases every client receipt that is now due, in the client's order.
 func (p *Producer) Receipt(r wire.SendReceipt, out *Output) error {
 	l := p.laneOf(r.ProducerID)
-	if l != nil && len(l.entries) > 0 && !l.entries[0].adopted && r.SequenceID < l.entries[0].lo {
-		return nil // a late receipt for something no longer in flight: clients ignore these too
-	}
-	if l == nil || len(l.entries) == 0 || (!l.entries[0].adopted && l.entries[0].lo != r.SequenceID) {
+	if l == nil || len(l.entries) == 0 {
 		return fmt.Errorf("%w: producer %d sequence id %d", ErrUnexpectedReceipt, r.ProducerID, r.SequenceID)
 	}
-	e := l.pop()
+	e, ok := l.take(func(e *inflight) bool { return e.lo == r.SequenceID })
+	switch {
+	case ok:
+	case r.SequenceID < l.entries[0].lo:
+		return nil // a late receipt for something no longer in flight: clients ignore these too
+	default:
+		return fmt.Errorf("%w: producer %d sequence id %d", ErrUnexpectedReceipt, r.ProducerID, r.SequenceID)
+	}
 	if e.adopted {
 		cs := p.send(e.one.id)
 		cs.seq, cs.highest = r.SequenceID, r.HighestSequenceID
@@ -973,10 +1043,13 @@ func releaseAll(refs []sendRef, out *Output) {
 // order.
 func (p *Producer) SendError(producerID, seq uint64, code pulsarpb.ServerError, message string, out *Output) error {
 	l := p.laneOf(producerID)
-	if l == nil || len(l.entries) == 0 || (!l.entries[0].adopted && l.entries[0].hi != seq && l.entries[0].lo != seq) {
+	if l == nil || len(l.entries) == 0 {
 		return fmt.Errorf("%w: send error for producer %d sequence id %d", ErrUnexpectedReceipt, producerID, seq)
 	}
-	e := l.pop()
+	e, ok := l.take(func(e *inflight) bool { return e.hi == seq || e.lo == seq })
+	if !ok {
+		return fmt.Errorf("%w: send error for producer %d sequence id %d", ErrUnexpectedReceipt, producerID, seq)
+	}
 	if e.adopted {
 		p.send(e.one.id).seq = seq
 	}

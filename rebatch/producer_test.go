@@ -482,30 +482,6 @@ func TestResendBelowTheDedupMarkGoesVerbatim(t *testing.T) {
 	}
 }
 
-// Given the coalesce policy,
-// when a key-based client batch arrives whose command sequence id is its highest message's
-// (Java's key-based batcher),
-// then it is forwarded unchanged: cutting it would break the broker's de-duplication ranges.
-func TestKeyBasedBatchWithNonContiguousSequenceIdsGoesVerbatim(t *testing.T) {
-	p := newEngine(t, Policy{Kind: Coalesce}, -1)
-	b := clientBatch(t, []msg{{payload: "a", seq: 0}, {payload: "b", seq: 3}, {payload: "c", seq: 4}}, pulsarpb.CompressionType_NONE, nil)
-	// Rewrite the command's sequence id to 4, as Java's key-based container does.
-	f := frame(t, b)
-	md := &pulsarpb.MessageMetadata{}
-	if err := wire.DecodeMetadata(f.Metadata(), md); err != nil {
-		t.Fatal(err)
-	}
-	b2, err := wire.AppendSendFrameMetadata(nil, &wire.Send{ProducerID: pid, SequenceID: 4, HighestSequenceID: 4, NumMessages: 3}, md, f.Payload())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out Output
-	send(t, p, b2, &out)
-	if !bytes.Equal(out.Broker, b2) {
-		t.Fatal("key-based batch was rewritten")
-	}
-}
-
 // Given the coalesce policy with a maximum of 3 messages,
 // when a client batch of 7 messages arrives,
 // then entries of 3, 3 and (after the delay) 1 messages are built, in order.

@@ -310,6 +310,7 @@ type ProduceSpec struct {
 	SendTimeout      *int  // milliseconds; nil: client default; 0: none
 	SeqStart         int64 // >= 0 with ExplicitSeq: message i gets sequence id SeqStart+i
 	ExplicitSeq      bool
+	SeqScramble      bool          // Java only: message i gets SeqStart + (i*7919 mod Count), ids out of order
 	Timeout          time.Duration // whole run inside the driver; 0: 2 minutes
 }
 
@@ -378,6 +379,9 @@ func (s ProduceSpec) Args() []string {
 	}
 	if s.ExplicitSeq {
 		a = append(a, "--seq-start", strconv.FormatInt(s.SeqStart, 10))
+	}
+	if s.SeqScramble {
+		a = append(a, "--seq-scramble")
 	}
 	a = append(a, "--timeout-ms", strconv.FormatInt(orDefault(s.Timeout, 2*time.Minute).Milliseconds(), 10))
 	return a

@@ -245,34 +245,7 @@ func startAuthProxy(t *testing.T, b *harness.Broker) (*harness.InProcessProxy, *
 // metric it does not have fails the test.
 func proxyCounter(t *testing.T, srv *proxy.Server, name string, labels ...string) float64 {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(srv.Collector())
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum, seen := 0.0, false
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		seen = true
-	series:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, l := range m.GetLabel() {
-					if l.GetName() == labels[i] && l.GetValue() == labels[i+1] {
-						found = true
-					}
-				}
-				if !found {
-					continue series
-				}
-			}
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
+	sum, seen := harness.MetricSum(t, []prometheus.Collector{srv.Collector()}, name, labels...)
 	if !seen {
 		t.Fatalf("the proxy has no metric %s", name)
 	}

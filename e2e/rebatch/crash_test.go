@@ -20,6 +20,7 @@ type crashCase struct {
 	name     string
 	policy   string // "" = direct to the broker, the fault is a topic unload
 	batching bool
+	keyBased bool // batching with pulsar-client-go's key-based batcher: one SEND per key
 }
 
 // crashResult is what the broker stored after the fault, counted per message.
@@ -57,7 +58,8 @@ const crashHeader = "case                        entries   stored distinct   dup
 func crashRegion(i int) string { return []string{"us", "eu", "ap"}[(i/37)%3] }
 
 // Given broker de-duplication on for the namespace and a pulsar-client-go (latest) producer with
-// a fixed producer name sending 5,000 keyed messages asynchronously (batching on, or off),
+// a fixed producer name sending 5,000 keyed messages (16 keys) asynchronously (default batching,
+// key-based batching, or none),
 // through the proxy run as a separate process with the passthrough, coalesce, properties or
 // buckets policy, or directly to the broker as the baseline,
 // when the proxy is killed with SIGKILL mid-stream and started again on the same port after
@@ -68,16 +70,21 @@ func crashRegion(i int) string { return []string{"us", "eu", "ap"}[(i/37)%3] }
 func TestKill9ProxyMidStreamStoresEveryMessageOnce(t *testing.T) {
 	b := harness.Default(t)
 	cases := []crashCase{
-		{"direct/batching", "", true},
-		{"direct/unbatched", "", false},
-		{"passthrough/batching", "passthrough", true},
-		{"passthrough/unbatched", "passthrough", false},
-		{"coalesce/batching", "coalesce", true},
-		{"coalesce/unbatched", "coalesce", false},
-		{"properties/batching", "properties", true},
-		{"properties/unbatched", "properties", false},
-		{"buckets/batching", "buckets", true},
-		{"buckets/unbatched", "buckets", false},
+		{"direct/batching", "", true, false},
+		{"direct/unbatched", "", false, false},
+		{"passthrough/batching", "passthrough", true, false},
+		{"passthrough/unbatched", "passthrough", false, false},
+		{"coalesce/batching", "coalesce", true, false},
+		{"coalesce/unbatched", "coalesce", false, false},
+		{"properties/batching", "properties", true, false},
+		{"properties/unbatched", "properties", false, false},
+		{"buckets/batching", "buckets", true, false},
+		{"buckets/unbatched", "buckets", false, false},
+		{"direct/key-based", "", true, true},
+		{"passthrough/key-based", "passthrough", true, true},
+		{"coalesce/key-based", "coalesce", true, true},
+		{"properties/key-based", "properties", true, true},
+		{"buckets/key-based", "buckets", true, true},
 	}
 	var mu sync.Mutex
 	var results []crashResult
@@ -106,6 +113,12 @@ func TestKill9ProxyMidStreamStoresEveryMessageOnce(t *testing.T) {
 func runCrashCase(t *testing.T, b *harness.Broker, tc crashCase) crashResult {
 	const n = 5000
 	res := crashResult{name: tc.name, lastSeqAfter: -2}
+	region := crashRegion
+	if tc.keyBased {
+		// One region per key, so every key batch is one property group and the policy can
+		// merge it whole (a mixed key batch has one sequence id and is forwarded as built).
+		region = func(i int) string { return []string{"us", "eu", "ap"}[(i%16)%3] }
+	}
 	ns := newNamespace(t, b, "crash")
 	if err := b.SetNamespaceDeduplication(ctxT(t, 30*time.Second), ns, true); err != nil {
 		t.Fatal(err)
@@ -140,11 +153,15 @@ func runCrashCase(t *testing.T, b *harness.Broker, tc crashCase) crashResult {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	prod, err := c.CreateProducer(pulsar.ProducerOptions{
+	opts := pulsar.ProducerOptions{
 		Topic: topic, Name: "crash-" + strings.ReplaceAll(tc.name, "/", "-"),
 		DisableBatching: !tc.batching, BatchingMaxPublishDelay: 5 * time.Millisecond,
 		MaxPendingMessages: 2000, SendTimeout: 3 * time.Minute,
-	})
+	}
+	if tc.keyBased {
+		opts.BatcherBuilderType = pulsar.KeyBasedBatchBuilder
+	}
+	prod, err := c.CreateProducer(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +185,7 @@ func runCrashCase(t *testing.T, b *harness.Broker, tc crashCase) crashResult {
 				}
 			}
 			msg := &pulsar.ProducerMessage{Payload: []byte("m-" + strconv.Itoa(i)), Key: "k" + strconv.Itoa(i%16),
-				Properties: map[string]string{"i": strconv.Itoa(i), "region": crashRegion(i)}}
+				Properties: map[string]string{"i": strconv.Itoa(i), "region": region(i)}}
 			prod.SendAsync(sendCtx, msg, func(_ pulsar.MessageID, _ *pulsar.ProducerMessage, err error) {
 				if err != nil {
 					failed.Add(1)
@@ -248,7 +265,7 @@ func runCrashCase(t *testing.T, b *harness.Broker, tc crashCase) crashResult {
 			}
 			if tc.policy == "properties" {
 				g := ""
-				if r := crashRegion(i); r == "us" || r == "eu" {
+				if r := region(i); r == "us" || r == "eu" {
 					g = "region=" + r
 				}
 				if j == 0 {

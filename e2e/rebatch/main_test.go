@@ -28,21 +28,29 @@ func TestMain(m *testing.M) { os.Exit(harness.Run(m, harness.Options{})) }
 // returns its service URL.
 func startProxy(t *testing.T, b *harness.Broker, ns string, pol rebatch.Policy) string {
 	t.Helper()
+	px, _ := startProxyServer(t, b, ns, pol)
+	return px.URL
+}
+
+// startProxyServer is startProxy returning the running proxy and its producer-path metrics.
+func startProxyServer(t *testing.T, b *harness.Broker, ns string, pol rebatch.Policy) (*harness.InProcessProxy, *proxy.RebatchMetrics) {
+	t.Helper()
 	m, err := route.NewMatcher([]route.Rule[rebatch.Policy]{{Pattern: ns + "/*", Policy: pol}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	metrics := proxy.NewRebatchMetrics()
 	px, err := harness.StartProxy(b.ServiceURL, func(c *proxy.Config) {
 		if testing.Verbose() {
 			c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 		}
-		c.ProducerPaths = proxy.RebatchPaths(proxy.NewPolicies(m), proxy.NewRebatchMetrics(), proxy.NewChunkDedup(chunkdedup.Config{}), c.Logger)
+		c.ProducerPaths = proxy.RebatchPaths(proxy.NewPolicies(m), metrics, proxy.NewChunkDedup(chunkdedup.Config{}), c.Logger)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(px.Stop)
-	return px.URL
+	return px, metrics
 }
 
 func quietLogger() plog.Logger {

@@ -345,7 +345,7 @@ public final class PulsarDriver {
         Flags f = new Flags(args, 1, kinds("url", "topic", "count", "batching:bool", "batch-max-messages",
                 "batch-max-bytes", "batch-delay-ms", "batcher", "key-mode", "keys", "ordering-key:bool",
                 "properties", "compression", "chunking:bool", "chunk-size", "size", "schema", "sync:bool",
-                "producer-name", "token", "send-timeout-ms", "seq-start", "timeout-ms"));
+                "producer-name", "token", "send-timeout-ms", "seq-start", "seq-scramble:bool", "timeout-ms"));
         String topic = f.str("topic", "");
         if (topic.isEmpty()) {
             throw usage("--topic is required");
@@ -391,6 +391,12 @@ public final class PulsarDriver {
         }
         boolean sync = f.bool("sync", false);
         long seqStart = f.num("seq-start", -1);
+        // --seq-scramble: message i gets seq-start + (i * 7919 mod count), a fixed permutation, so
+        // the application's ids go out of order (7919 is prime: a permutation unless it divides count).
+        boolean seqScramble = f.bool("seq-scramble", false);
+        if (seqScramble && (seqStart < 0 || count % 7919 == 0)) {
+            throw usage("--seq-scramble needs --seq-start and a count not divisible by 7919");
+        }
         long timeoutMs = f.num("timeout-ms", 120000);
 
         // Build the producer configuration before connecting, so unsupported features are cheap to report.
@@ -491,7 +497,7 @@ public final class PulsarDriver {
             }
             Long explicitSeq = null;
             if (seqStart >= 0) {
-                explicitSeq = seqStart + i;
+                explicitSeq = seqStart + (seqScramble ? (i * 7919L) % count : i);
                 mb = mb.sequenceId(explicitSeq);
             }
             final int idx = i;

@@ -1,0 +1,314 @@
+package rebatch_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/apache/pulsar-client-go/pulsar"
+
+	"github.com/rebatchproxy/rebatchproxy/e2e/drivers"
+	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
+	"github.com/rebatchproxy/rebatchproxy/proxy"
+	"github.com/rebatchproxy/rebatchproxy/rebatch"
+	"github.com/rebatchproxy/rebatchproxy/route"
+)
+
+// dedupPaths are the ways a producer reaches the broker in these tests: directly, and through
+// the proxy under each policy.
+var dedupPaths = []string{"direct", "passthrough", "coalesce", "properties", "buckets"}
+
+// dedupPolicy is the policy of a proxied path. properties restricts region to 0, 1 and 2 (3
+// and 4 are not admitted, so their group is empty).
+func dedupPolicy(path string) rebatch.Policy {
+	switch path {
+	case "coalesce":
+		return rebatch.Policy{Kind: rebatch.Coalesce, MaxDelay: 5 * time.Millisecond}
+	case "properties":
+		return rebatch.Policy{Kind: rebatch.Properties, MaxDelay: 5 * time.Millisecond, Restricted: map[string][]string{"region": {"0", "1", "2"}}}
+	case "buckets":
+		return rebatch.Policy{Kind: rebatch.Buckets, MaxDelay: 5 * time.Millisecond, Buckets: 4}
+	}
+	return rebatch.Policy{Kind: rebatch.Passthrough}
+}
+
+// storedCount is what the broker stored for one run, read entry by entry.
+type storedCount struct {
+	path                     string
+	acked, failed            int
+	entries, stored          int
+	distinct, lost, dups     int
+	mixedGroups, multiBucket int // entries whose messages do not share a group / a bucket
+	received                 int // distinct messages a consumer got through the same path
+	asBuilt                  string
+}
+
+func (c storedCount) String() string {
+	return fmt.Sprintf("%-12s %6d %6d %7d %7d %8d %5d %5d %6.1f %6d %7d %8d  %s", c.path, c.acked, c.failed, c.entries, c.stored, c.distinct,
+		c.lost, c.dups, float64(c.stored)/float64(max(c.entries, 1)), c.mixedGroups, c.multiBucket, c.received, c.asBuilt)
+}
+
+const storedHeader = "path          acked failed entries  stored distinct  lost  dups msg/ent  mixed  multi-b received  sends as built"
+
+// driverIndex reads a driver payload ("msg-<i>" padded with dots).
+func driverIndex(payload []byte) (int, bool) {
+	i, err := strconv.Atoi(strings.TrimRight(strings.TrimPrefix(string(payload), "msg-"), "."))
+	return i, err == nil
+}
+
+// countStored reads every stored entry of topic and counts messages 0..n-1.
+func countStored(t *testing.T, b *harness.Broker, topic string, n int, path string, group func(i int) string) (storedCount, []int) {
+	t.Helper()
+	c := storedCount{path: path}
+	entries, err := b.StoredEntries(ctxT(t, 2*time.Minute), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ring, _ := route.NewEqualBuckets(4)
+	copies := make([]int, n)
+	c.entries = len(entries)
+	for _, e := range entries {
+		groups, buckets := map[string]bool{}, map[int]bool{}
+		for _, m := range e.Messages {
+			i, ok := driverIndex(m.Payload)
+			if !ok || i < 0 || i >= n {
+				t.Fatalf("entry %d:%d: payload %q is not one of ours", e.Ledger, e.Entry, m.Payload)
+			}
+			c.stored++
+			copies[i]++
+			groups[group(i)] = true
+			buckets[ring.Bucket(route.HashB([]byte(m.PartitionKey)))] = true
+		}
+		if len(groups) > 1 || (path == "properties" && len(e.Messages) > 0 && mapString(e.Properties) != group(mustIndex(e.Messages[0].Payload))) {
+			c.mixedGroups++
+		}
+		if len(buckets) > 1 {
+			c.multiBucket++
+		}
+	}
+	for _, k := range copies {
+		if k == 0 {
+			c.lost++
+		} else {
+			c.distinct++
+			c.dups += k - 1
+		}
+	}
+	return c, copies
+}
+
+func mustIndex(p []byte) int { i, _ := driverIndex(p); return i }
+
+// receiveDistinct reads topic from the start through url until n distinct driver messages or a quiet
+// second, and returns how many distinct ones arrived.
+func receiveDistinct(t *testing.T, url, topic string, n int) int {
+	t.Helper()
+	cons, err := newClient(t, url).Subscribe(pulsar.ConsumerOptions{Topic: topic, SubscriptionName: "check",
+		SubscriptionInitialPosition: pulsar.SubscriptionPositionEarliest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cons.Close()
+	seen := make([]bool, n)
+	got := 0
+	for got < n {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		m, err := cons.Receive(ctx)
+		cancel()
+		if err != nil {
+			break
+		}
+		_ = cons.Ack(m)
+		if i, ok := driverIndex(m.Payload()); ok && i >= 0 && i < n && !seen[i] {
+			seen[i] = true
+			got++
+		}
+	}
+	return got
+}
+
+// asBuiltMetrics returns the proxy's sends_as_built counters, e.g. "numbering=3".
+func asBuiltMetrics(t *testing.T, m *proxy.RebatchMetrics) string {
+	var parts []string
+	for _, reason := range []string{"numbering", "out_of_order", "resend_cut_differently"} {
+		if v, _ := harness.MetricSum(t, m.Collectors(), "rebatchproxy_rebatch_sends_as_built_total", "reason", reason); v > 0 {
+			parts = append(parts, fmt.Sprintf("%s=%.0f", reason, v))
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// dedupRun sends spec through one path into a fresh namespace with broker de-duplication on.
+func dedupRun(t *testing.T, b *harness.Broker, d *drivers.Driver, path string, spec drivers.ProduceSpec, group func(int) string) (storedCount, []int) {
+	t.Helper()
+	ns := newNamespace(t, b, "dedup-"+path)
+	if err := b.SetNamespaceDeduplication(ctxT(t, 30*time.Second), ns, true); err != nil {
+		t.Fatal(err)
+	}
+	topic := "persistent://" + ns + "/t"
+	url := b.ServiceURL
+	var m *proxy.RebatchMetrics
+	if path != "direct" {
+		var px *harness.InProcessProxy
+		px, m = startProxyServer(t, b, ns, dedupPolicy(path))
+		url = px.URL
+	}
+	spec.URL, spec.Topic = url, topic
+	res, err := d.Produce(ctxT(t, 4*time.Minute), spec)
+	if err != nil {
+		t.Fatalf("%s produce: %v", path, err)
+	}
+	c, copies := countStored(t, b, topic, spec.Count, path, group)
+	c.acked, c.failed = res.Summary.Acked, res.Summary.Failed
+	c.received = receiveDistinct(t, url, topic, spec.Count)
+	if m != nil {
+		c.asBuilt = asBuiltMetrics(t, m)
+	}
+	return c, copies
+}
+
+var (
+	keyBasedTableMu sync.Mutex
+	keyBasedTable   []string
+)
+
+// Given broker de-duplication on, and producers of the clients whose key-based batcher numbers
+// its batches in ways the engine must not re-number freely (Java 2.10.6 and 4.0.13, Python
+// 3.13.0, pulsar-client-go latest; Python 3.1.0 directly only, see below), each sending 2,000 messages over 50 keys
+// asynchronously (region = i mod 5, so every key's messages share one property group),
+// when each sends directly and through the proxy under passthrough, coalesce, properties and
+// buckets,
+// then every send is acknowledged and every message is stored exactly once and received once
+// through the same path, under every policy; properties entries hold one group each (stamped
+// as their outer properties) and buckets entries one bucket each.
+func TestKeyBasedBatchersWithDeduplicationStoreEveryMessageOnce(t *testing.T) {
+	b := harness.Default(t)
+	const n = 2000
+	group := func(i int) string {
+		if r := i % 5; r < 3 {
+			return "region=" + strconv.Itoa(r)
+		}
+		return ""
+	}
+	t.Cleanup(func() {
+		keyBasedTableMu.Lock()
+		defer keyBasedTableMu.Unlock()
+		table := "key-based batchers, broker de-duplication on, 2,000 messages over 50 keys each:\n" +
+			fmt.Sprintf("%-14s %s\n", "client", storedHeader) + strings.Join(keyBasedTable, "\n")
+		t.Log("\n" + table)
+		if out := os.Getenv("REBATCH_DEDUP_TABLE"); out != "" {
+			_ = os.WriteFile(out, []byte(table+"\n"), 0o644)
+		}
+	})
+	for _, name := range []string{"java-2.10.6", "java-4.0.13", "python-3.1.0", "python-3.13.0", "go-v0.21.0"} {
+		t.Run(name, func(t *testing.T) {
+			d, err := drivers.ByName(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Prepare(ctxT(t, 5*time.Minute)); err != nil {
+				t.Fatal(err)
+			}
+			paths := dedupPaths
+			if name == "python-3.1.0" {
+				// This client's key-based batcher loses messages with de-duplication on even
+				// directly (its key batches reach the broker out of sequence-id order: 1,396 of
+				// 2,000 acknowledged and never stored in one run), and under the proxy's
+				// passthrough it loops on the broker's "cannot determine whether the message is
+				// a duplicate" error. There is nothing for the proxy to keep; the test asserts
+				// the client's own behaviour, so a fixed client shows up here.
+				paths = []string{"direct"}
+			}
+			for _, path := range paths {
+				spec := drivers.ProduceSpec{Count: n, Batcher: "key-based", KeyMode: "seq", Keys: 50,
+					Properties: "i={i},region={i%5}", BatchDelay: drivers.Int(10), Timeout: 3 * time.Minute}
+				c, _ := dedupRun(t, b, d, path, spec, group)
+				keyBasedTableMu.Lock()
+				keyBasedTable = append(keyBasedTable, fmt.Sprintf("%-14s %s", name, c))
+				keyBasedTableMu.Unlock()
+				t.Logf("%s\n%s", storedHeader, c)
+				if name == "python-3.1.0" {
+					if c.lost == 0 {
+						t.Errorf("python-3.1.0's key-based batcher stored every message directly: it no longer loses data with de-duplication on; run it through the proxy too")
+					}
+					continue
+				}
+				if c.acked != n || c.failed != 0 || c.lost != 0 || c.dups != 0 || c.received != n {
+					t.Errorf("%s: not every acknowledged message stored and received exactly once:\n%s\n%s", path, storedHeader, c)
+				}
+				if (path == "properties" && c.mixedGroups > 0) || (path == "buckets" && c.multiBucket > 0) {
+					t.Errorf("%s: entries do what the policy promises only partly:\n%s\n%s", path, storedHeader, c)
+				}
+			}
+		})
+	}
+}
+
+// Given broker de-duplication on and a Java producer (4.0.13 and 2.10.6) with its default
+// batcher in batches of exactly 10, whose application sets the sequence ids itself and out of
+// order (message i gets i*7919 mod 2000),
+// when it sends 2,000 messages directly and through the proxy under every policy,
+// then the proxy stores exactly the messages a direct connection stores (a direct broker drops
+// every batch whose first id is not above the highest it recorded, and acknowledges it), and
+// every send is acknowledged on every path; under buckets every message stored directly is
+// stored, and a few more after a client reconnect (a known gap, see below).
+func TestOutOfOrderApplicationIdsAreStoredAsDirectly(t *testing.T) {
+	b := harness.Default(t)
+	const n = 2000
+	for _, name := range []string{"java-4.0.13", "java-2.10.6"} {
+		t.Run(name, func(t *testing.T) {
+			d, err := drivers.ByName(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Prepare(ctxT(t, 5*time.Minute)); err != nil {
+				t.Fatal(err)
+			}
+			var want []int
+			var lines []string
+			for _, path := range dedupPaths {
+				spec := drivers.ProduceSpec{Count: n, KeyMode: "seq", Keys: 50, Properties: "i={i},region={i%5}",
+					BatchMaxMessages: 10, BatchDelay: drivers.Int(60000), ExplicitSeq: true, SeqStart: 0, SeqScramble: true,
+					Timeout: 3 * time.Minute}
+				c, copies := dedupRun(t, b, d, path, spec, func(int) string { return "" })
+				lines = append(lines, c.String())
+				if path == "direct" {
+					want = copies
+					if c.distinct == 0 || c.distinct == n {
+						t.Fatalf("direct stored %d of %d: the scrambled ids did not make the broker drop some batches", c.distinct, n)
+					}
+				} else if !slices.Equal(copies, want) {
+					lost, extra := 0, 0
+					for i := range copies {
+						switch {
+						case copies[i] < want[i]:
+							lost++
+						case copies[i] > want[i]:
+							extra++
+						}
+					}
+					// Known gap under buckets: when the client reconnects (it does, on the
+					// broker's "cannot determine whether the message is a duplicate" error), the
+					// new engine cannot tell its resends from sends whose ids lie below ones
+					// already stored, and judges them per bucket: a few a direct broker drops
+					// are stored. Never one it stores is lost, never one is stored twice.
+					if path != "buckets" || lost > 0 {
+						t.Errorf("%s: %d messages stored directly are missing, %d stored that a direct broker drops", path, lost, extra)
+					} else {
+						t.Logf("%s: %d messages stored that a direct broker drops (after a client reconnect; see the comment)", path, extra)
+					}
+				}
+				if c.acked != n || c.failed != 0 || c.dups != 0 {
+					t.Errorf("%s: acked %d failed %d dups %d of %d", path, c.acked, c.failed, c.dups, n)
+				}
+			}
+			t.Logf("out-of-order application ids, de-duplication on (mixed/multi-b not checked here):\n%s\n%s", storedHeader, strings.Join(lines, "\n"))
+		})
+	}
+}
