@@ -76,6 +76,7 @@ type piece struct {
 	lane           int
 	groupLo, group int // arena offsets, as in planned
 	bytes, count   int
+	ord            uint64 // its place among the send's pieces on its lane: 0, 1, ...
 	lo, hi         uint64
 }
 
@@ -107,7 +108,15 @@ func (p *Producer) planSend(msgs []msgRef, num numbering) bool {
 			k := current[pm.lane]
 			if k < 0 || p.pieces[k].bytes+need > p.budget || p.pieces[k].count >= p.cfg.Policy.MaxMessages ||
 				!bytes.Equal(p.arena[p.pieces[k].groupLo:p.pieces[k].group], p.arena[pm.groupLo:pm.group]) {
-				p.pieces = append(p.pieces, piece{lane: pm.lane, groupLo: pm.groupLo, group: pm.group})
+				pc := piece{lane: pm.lane, groupLo: pm.groupLo, group: pm.group}
+				if k >= 0 {
+					pc.ord = p.pieces[k].ord + 1
+				}
+				if pc.ord > num.hi-num.lo {
+					return false // more pieces on this lane than the span has ids
+				}
+				pc.lo, pc.hi = num.lo+pc.ord, num.lo+pc.ord
+				p.pieces = append(p.pieces, pc)
 				k = len(p.pieces) - 1
 				current[pm.lane] = k
 				pm.start = true
@@ -118,28 +127,10 @@ func (p *Producer) planSend(msgs []msgRef, num numbering) bool {
 		}
 		p.plan = append(p.plan, pm)
 	}
-	if num.perMessage {
-		return true
-	}
-	// Number the pieces lane by lane: lo+k for the k-th, and the lane's last reaches hi.
-	for i := range current {
-		current[i] = 0
-	}
-	room := num.hi - num.lo // ids beyond the first
-	for k := range p.pieces {
-		pc := &p.pieces[k]
-		ord := uint64(current[pc.lane])
-		if ord > room {
-			return false
-		}
-		current[pc.lane]++
-		pc.lo, pc.hi = num.lo+ord, num.lo+ord
-	}
-	for k := len(p.pieces) - 1; k >= 0; k-- {
-		pc := &p.pieces[k]
-		if current[pc.lane] > 0 { // the lane's last piece, met first going backwards
-			pc.hi = num.hi
-			current[pc.lane] = 0
+	// Each lane's last piece reaches the span's highest id.
+	for _, k := range current {
+		if k >= 0 && !num.perMessage {
+			p.pieces[k].hi = num.hi
 		}
 	}
 	return true

@@ -509,30 +509,13 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 			p.stats.PiecesStraddlingMark++
 		}
 		if num.perMessage || pm.start {
-			if o := &l.open; o.n > 0 {
-				switch {
-				case o.dup != dup, !p.sameEntryFields(o), !bytes.Equal(group, o.group):
-					p.stats.FlushGroup++
-				case len(o.buf)+need > p.budget:
-					p.stats.FlushMaxBytes++
-				case o.n+count > p.cfg.Policy.MaxMessages:
-					p.stats.FlushMaxMessages++
-				default:
-					goto add
-				}
-				if err := p.flush(l, out); err != nil {
-					return err
-				}
-			}
-		}
-	add:
-		p.add(now, l, id, m, group, dup, pm.hash, pm.hasHash, lo, hi)
-		// A span piece fits whole (checked at its start), so a full batch ends with a piece.
-		if l.open.n >= p.cfg.Policy.MaxMessages {
-			p.stats.FlushMaxMessages++
-			if err := p.flush(l, out); err != nil {
+			if err := p.makeRoom(l, dup, group, need, count, out); err != nil {
 				return err
 			}
+		}
+		// A span piece fits whole (checked at its start), so a full batch ends with a piece.
+		if err := p.place(now, l, id, m, group, dup, pm.hash, pm.hasHash, lo, hi, out); err != nil {
+			return err
 		}
 	}
 	return p.flushReady(out)
@@ -545,29 +528,44 @@ func (p *Producer) sendShared(now time.Time, s *wire.Send, msgs []msgRef, out *O
 	id := p.sendBase + uint64(p.Pending())
 	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID})
 	for _, m := range msgs {
-		if o := &l.open; o.n > 0 {
-			switch {
-			case !p.sameEntryFields(o):
-				p.stats.FlushGroup++
-			case len(o.buf)+4+len(m.smm)+len(m.payload) > p.budget:
-				p.stats.FlushMaxBytes++
-			default:
-				goto add
-			}
-			if err := p.flush(l, out); err != nil {
-				return err
-			}
+		if err := p.makeRoom(l, false, nil, 4+len(m.smm)+len(m.payload), 1, out); err != nil {
+			return err
 		}
-	add:
-		p.add(now, l, id, m, nil, false, 0, false, 0, 0)
-		if l.open.n >= p.cfg.Policy.MaxMessages {
-			p.stats.FlushMaxMessages++
-			if err := p.flush(l, out); err != nil {
-				return err
-			}
+		if err := p.place(now, l, id, m, nil, false, 0, false, 0, 0, out); err != nil {
+			return err
 		}
 	}
 	return p.flushReady(out)
+}
+
+// makeRoom flushes a lane's open batch unless need more bytes and count more messages of this
+// kind (duplicates or not, entry fields, property group) may join it.
+func (p *Producer) makeRoom(l *lane, dup bool, group []byte, need, count int, out *Output) error {
+	o := &l.open
+	if o.n == 0 {
+		return nil
+	}
+	switch {
+	case o.dup != dup, !p.sameEntryFields(o), !bytes.Equal(group, o.group):
+		p.stats.FlushGroup++
+	case len(o.buf)+need > p.budget:
+		p.stats.FlushMaxBytes++
+	case o.n+count > p.cfg.Policy.MaxMessages:
+		p.stats.FlushMaxMessages++
+	default:
+		return nil
+	}
+	return p.flush(l, out)
+}
+
+// place adds a message to a lane's open batch and sends the batch once it is full.
+func (p *Producer) place(now time.Time, l *lane, id uint64, m msgRef, group []byte, dup bool, hash uint16, hasHash bool, lo, hi uint64, out *Output) error {
+	p.add(now, l, id, m, group, dup, hash, hasHash, lo, hi)
+	if l.open.n < p.cfg.Policy.MaxMessages {
+		return nil
+	}
+	p.stats.FlushMaxMessages++
+	return p.flush(l, out)
 }
 
 // flushReady sends the open batches that must not wait: duplicates never wait for company, and

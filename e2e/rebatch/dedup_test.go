@@ -173,6 +173,19 @@ func dedupRun(t *testing.T, b *harness.Broker, d *drivers.Driver, path string, s
 	return c, copies
 }
 
+// preparedDriver returns the named driver, prepared (built or fetched) once per machine.
+func preparedDriver(t *testing.T, name string) *drivers.Driver {
+	t.Helper()
+	d, err := drivers.ByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Prepare(ctxT(t, 5*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
 var (
 	keyBasedTableMu sync.Mutex
 	keyBasedTable   []string
@@ -208,13 +221,7 @@ func TestKeyBasedBatchersWithDeduplicationStoreEveryMessageOnce(t *testing.T) {
 	})
 	for _, name := range []string{"java-2.10.6", "java-4.0.13", "python-3.1.0", "python-3.13.0", "go-v0.21.0"} {
 		t.Run(name, func(t *testing.T) {
-			d, err := drivers.ByName(name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := d.Prepare(ctxT(t, 5*time.Minute)); err != nil {
-				t.Fatal(err)
-			}
+			d := preparedDriver(t, name)
 			paths := dedupPaths
 			if name == "python-3.1.0" {
 				// This client's key-based batcher loses messages with de-duplication on even
@@ -263,13 +270,7 @@ func TestOutOfOrderApplicationIdsAreStoredAsDirectly(t *testing.T) {
 	const n = 2000
 	for _, name := range []string{"java-4.0.13", "java-2.10.6"} {
 		t.Run(name, func(t *testing.T) {
-			d, err := drivers.ByName(name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := d.Prepare(ctxT(t, 5*time.Minute)); err != nil {
-				t.Fatal(err)
-			}
+			d := preparedDriver(t, name)
 			var want []int
 			var lines []string
 			for _, path := range dedupPaths {
