@@ -201,3 +201,19 @@ func (b *Broker) Admin(ctx context.Context, method, path string, v any) ([]byte,
 	data, _, err := b.do(ctx, method, path, body, "application/json")
 	return data, err
 }
+
+// MessagesIn returns the topic's msgInCounter: messages the broker has taken for it since the
+// topic was loaded (duplicates dropped by de-duplication are not counted).
+func (b *Broker) MessagesIn(ctx context.Context, topic string) (int64, error) {
+	data, err := b.get(ctx, topicPath(topic)+"/stats")
+	if err != nil {
+		return 0, err
+	}
+	var st struct {
+		MsgInCounter int64 `json:"msgInCounter"`
+	}
+	if err := json.Unmarshal(data, &st); err != nil {
+		return 0, fmt.Errorf("topic stats: %w", err)
+	}
+	return st.MsgInCounter, nil
+}

@@ -110,6 +110,21 @@ func TestKill9ProxyMidStreamStoresEveryMessageOnce(t *testing.T) {
 	}
 }
 
+// crashRule is the proxy's policies section for the crash tests: one rule for namespace ns;
+// regions are the admitted values of the properties policy's restricted key "region".
+func crashRule(ns, policy, regions string) string {
+	rule := fmt.Sprintf("  - topics: %s/*\n    policy: %s\n", ns, policy)
+	switch policy {
+	case "coalesce":
+		rule += "    max_delay: 5ms\n"
+	case "properties":
+		rule += "    max_delay: 5ms\n    restricted: {region: [" + regions + "]}\n"
+	case "buckets":
+		rule += "    max_delay: 5ms\n    buckets: 4\n"
+	}
+	return rule
+}
+
 func runCrashCase(t *testing.T, b *harness.Broker, tc crashCase) crashResult {
 	const n = 5000
 	res := crashResult{name: tc.name, lastSeqAfter: -2}
@@ -135,16 +150,7 @@ func runCrashCase(t *testing.T, b *harness.Broker, tc crashCase) crashResult {
 	url := b.ServiceURL
 	var pp *procProxy
 	if tc.policy != "" {
-		rule := fmt.Sprintf("  - topics: %s/*\n    policy: %s\n", ns, tc.policy)
-		switch tc.policy {
-		case "coalesce":
-			rule += "    max_delay: 5ms\n"
-		case "properties":
-			rule += "    max_delay: 5ms\n    restricted: {region: [us, eu]}\n"
-		case "buckets":
-			rule += "    max_delay: 5ms\n    buckets: 4\n"
-		}
-		pp = startProcProxy(t, b, rule)
+		pp = startProcProxy(t, b, crashRule(ns, tc.policy, "us, eu"))
 		url = pp.URL()
 	}
 

@@ -1,5 +1,5 @@
 // Package rebatch_test drives real clients through the proxy under the rewriting policies
-// (coalesce, properties) against a real Apache Pulsar broker, and checks what the broker
+// (coalesce, properties, buckets) against a real Apache Pulsar broker, and checks what the broker
 // stored entry by entry. See README.md.
 package rebatch_test
 
