@@ -289,16 +289,25 @@ def produce(argv):
         except Exception as e:
             report(i, key, None, None, root_message(e))
     if not a.sync:
-        # flush() on a thread of its own: the C++ client's flush can block for good (seen with
-        # python-3.1.0) after every send has been answered; the receipts, not flush, decide.
-        threading.Thread(target=flush_quietly, args=(producer,), daemon=True).start()
-        with cond:
-            while state["done"] < sent:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    emit({"kind": "warning", "detail": "deadline reached before every send completed"})
-                    break
-                cond.wait(left)
+        def wait_done(until):
+            with cond:
+                while state["done"] < sent:
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        return False
+                    cond.wait(left)
+            return True
+        # The batching timer sends what is left; flush() only if it has not done so by then.
+        # pulsar-client 3.1.0's flush holds the interpreter lock while it waits for the sends,
+        # whose callbacks need that lock: called while callbacks are due, it never returns.
+        delay = (a.batch_delay_ms if a.batch_delay_ms >= 0 else 10) / 1000.0
+        if not wait_done(min(deadline, time.monotonic() + delay + 2.0)) and batching:
+            try:
+                producer.flush()
+            except Exception as e:
+                emit({"kind": "warning", "detail": "flush: " + root_message(e)})
+        if not wait_done(deadline):
+            emit({"kind": "warning", "detail": "deadline reached before every send completed"})
     with cond:
         summary["acked"] = state["acked"]
         summary["failed"] = a.count - state["acked"]
@@ -307,31 +316,15 @@ def produce(argv):
     summary["last_seq"] = producer.last_sequence_id()
     summary["producer_name"] = producer.producer_name()
     summary["elapsed_ms"] = int((time.monotonic() - start) * 1000)
-    closer = threading.Thread(target=close_quietly, args=(producer, client), daemon=True)
-    closer.start()
-    closer.join(10)
-    if closer.is_alive():
-        emit({"kind": "warning", "detail": "close: still blocked after 10 s; exiting anyway"})
-    emit(summary)
-    sys.stdout.flush()
-    # Leave without waiting for the client's threads (a blocked flush or close would hold the
-    # interpreter's exit).
-    os._exit(EXIT_OK if summary["acked"] == a.count else EXIT_FAILED)
-
-
-def flush_quietly(producer):
-    try:
-        producer.flush()
-    except Exception as e:
-        emit({"kind": "warning", "detail": "flush: " + root_message(e)})
-
-
-def close_quietly(producer, client):
     try:
         producer.close()
         client.close()
     except Exception as e:
         emit({"kind": "warning", "detail": "close: " + root_message(e)})
+    emit(summary)
+    sys.stdout.flush()
+    # Leave without waiting for the client's own threads at interpreter exit.
+    os._exit(EXIT_OK if summary["acked"] == a.count else EXIT_FAILED)
 
 
 def watchdog(timeout_ms):
