@@ -48,6 +48,10 @@ type Config struct {
 	// flight across all connections; excess ones are answered with
 	// TooManyRequests, as Pulsar's proxy does.
 	MaxConcurrentLookups int
+	// MaxConnectionLookups bounds the lookups in flight from one client
+	// connection, under MaxConcurrentLookups, so a client flooding lookups is
+	// refused its own excess (TooManyRequests) and nobody else's.
+	MaxConnectionLookups int
 	// MaxLookupRedirects is how many Redirect answers to one client LOOKUP
 	// the proxy follows itself, asking each named broker in turn, before it
 	// answers the client Failed(ServiceNotReady). 0 relays Redirect answers
@@ -83,6 +87,7 @@ func DefaultConfig() Config {
 		SoftBufferLimit:      4 << 20,
 		HardBufferLimit:      64 << 20,
 		MaxConcurrentLookups: 1024,
+		MaxConnectionLookups: 256,
 		MaxLookupRedirects:   20,
 		LookupTimeout:        30 * time.Second,
 		DrainTimeout:         30 * time.Second,
@@ -124,6 +129,8 @@ func (c *Config) Validate() error {
 			c.SoftBufferLimit+wire.MaxFrameLen(c.MaxMessageSize))
 	case c.MaxConcurrentLookups <= 0:
 		return fmt.Errorf("max-concurrent-lookups: must be > 0")
+	case c.MaxConnectionLookups <= 0:
+		return fmt.Errorf("max-connection-lookups: must be > 0")
 	case c.MaxLookupRedirects < 0:
 		return fmt.Errorf("max-lookup-redirects: must be >= 0 (0 relays redirects to the client)")
 	case c.LookupTimeout <= 0:

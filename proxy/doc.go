@@ -82,6 +82,12 @@
 //     taking the client's frames at the next frame boundary (a frame being
 //     cut through is finished first); receipts and ticks resume it. Held
 //     frames (contract 8) add at most HardBufferLimit per direction.
+//     Lookups: at most MaxConnectionLookups in flight from one connection
+//     and MaxConcurrentLookups in all; the excess is answered
+//     TooManyRequests, the connection's own bound first, so a client
+//     flooding lookups is refused its own excess and nobody else's. A
+//     repeated log event of a connection (a refused lookup) takes at most
+//     one line per 10 s, carrying the count suppressed since (lograte.go).
 //  6. Timeouts. Broker dial: ConnectTimeout. Accept to CONNECTED relayed:
 //     HandshakeTimeout. No traffic either way: IdleTimeout. gnet has no
 //     deadlines; OnTick checks a coarse clock and asks the loop to close.

@@ -183,7 +183,8 @@ type rebatchPath struct {
 	// backlogged counts the engines above the backlog watermark (Backlogger).
 	backlogged int
 	swallow    map[uint64]struct{}
-	opening    int // engines waiting for their bucket producers
+	opening    int      // engines waiting for their bucket producers
+	refusals   logEvery // rate-limits the log line of SEND_ERRORs (lograte.go)
 	// retired holds bucket producer ids of dropped engines: late broker frames about them
 	// (receipts, CLOSE_PRODUCER) are not the client's and are dropped. Bounded.
 	retired map[uint64]struct{}
@@ -470,8 +471,11 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 			}
 			return r.unknown(se.GetProducerId()), nil
 		}
-		r.log.Warn("broker refused an entry", "topic", e.topic, "producer_id", se.GetProducerId(), "producer", e.name,
-			"sequence_id", se.GetSequenceId(), "error", se.GetError().String(), "message", se.GetMessage())
+		if ok, suppressed := r.refusals.allow(time.Now()); ok {
+			r.log.Warn("broker refused an entry (logged at most once per 10 s per connection)", "topic", e.topic, "producer_id", se.GetProducerId(),
+				"producer", e.name, "sequence_id", se.GetSequenceId(), "error", se.GetError().String(), "message", se.GetMessage(),
+				"suppressed_since_last", suppressed)
+		}
 		return r.emit(e.id, e, out, e.p.SendError(se.GetProducerId(), se.GetSequenceId(), se.GetError(), se.GetMessage(), &r.out))
 	case pulsarpb.BaseCommand_CLOSE_PRODUCER:
 		if err := wire.DecodeCommand(f, &r.cmd); err != nil {

@@ -72,15 +72,17 @@ type session struct {
 	need         [2]int
 	paused       [2]bool
 	lookupsOut   int64
-	reason       error
-	path         ProducerPath
-	cmd          pulsarpb.BaseCommand
-	scratch      []byte
-	producers    map[uint64]string // producer id -> topic, for logs
-	clientGone   bool              // the client closed; the broker side drains chunk receipts
-	timer        *time.Timer       // fires tickAsync at the path's deadline
-	timerAt      int64             // when timer is armed for (unix ns), 0 = not armed
-	consumers    map[uint64]string // consumer id -> topic, for logs
+	// lookupRefusals rate-limits the log line of refused lookups (lograte.go).
+	lookupRefusals logEvery
+	reason         error
+	path           ProducerPath
+	cmd            pulsarpb.BaseCommand
+	scratch        []byte
+	producers      map[uint64]string // producer id -> topic, for logs
+	clientGone     bool              // the client closed; the broker side drains chunk receipts
+	timer          *time.Timer       // fires tickAsync at the path's deadline
+	timerAt        int64             // when timer is armed for (unix ns), 0 = not armed
+	consumers      map[uint64]string // consumer id -> topic, for logs
 
 	// Pump state while a batch of frames is being processed, so Outputs
 	// can flush the pending run of forwarded frames before writing.
@@ -872,12 +874,17 @@ func (s *session) onConnected(f wire.Frame) (frameAction, error) {
 // onLookupRequest applies the bound on concurrent lookups.
 func (s *session) onLookupRequest(f wire.Frame) (frameAction, error) {
 	m := s.srv.m
-	if m.lookupsFlight.Add(1) <= int64(s.srv.cfg.MaxConcurrentLookups) {
-		s.lookupsOut++
-		s.noteLookup(f)
-		return actForward, nil
+	// The connection's own bound first, so a flooding client does not take the shared slots.
+	bound := "connection"
+	if s.lookupsOut < int64(s.srv.cfg.MaxConnectionLookups) {
+		bound = "proxy"
+		if m.lookupsFlight.Add(1) <= int64(s.srv.cfg.MaxConcurrentLookups) {
+			s.lookupsOut++
+			s.noteLookup(f)
+			return actForward, nil
+		}
+		m.lookupsFlight.Add(-1)
 	}
-	m.lookupsFlight.Add(-1)
 	m.lookups[lookupThrottled].Add(1)
 	if err := wire.DecodeCommand(f, &s.cmd); err != nil {
 		return 0, err
@@ -903,7 +910,11 @@ func (s *session) onLookupRequest(f wire.Frame) (frameAction, error) {
 	}
 	s.scratch = b
 	s.ToClient(b)
-	s.logger().Warn("lookup refused: too many concurrent lookups", "limit", s.srv.cfg.MaxConcurrentLookups)
+	if ok, suppressed := s.lookupRefusals.allow(time.Unix(0, s.srv.now.Load())); ok {
+		s.logger().Warn("lookup refused: too many concurrent lookups (logged at most once per 10 s per connection)",
+			"bound", bound, "connection_limit", s.srv.cfg.MaxConnectionLookups, "proxy_limit", s.srv.cfg.MaxConcurrentLookups,
+			"in_flight_on_connection", s.lookupsOut, "suppressed_since_last", suppressed)
+	}
 	return actDone, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -312,5 +313,39 @@ func TestLookupConcurrencyBound(t *testing.T) {
 	r := cmd.GetLookupTopicResponse()
 	if r.GetRequestId() != 2 || r.GetResponse() != pulsarpb.CommandLookupTopicResponse_Failed || r.GetError() != pulsarpb.ServerError_TooManyRequests {
 		t.Errorf("got %v", r)
+	}
+}
+
+// Given a proxy allowing 2 lookups in flight per connection and 10 in all, and a client whose
+// 2 lookups the broker has not answered,
+// when that client sends 3 more and a second client sends one,
+// then the first client's 3 are answered TooManyRequests by the proxy, the second client's
+// lookup reaches the broker, and the refusals take one log line.
+func TestLookupBoundPerConnection(t *testing.T) {
+	fb := newFakeBroker(t)
+	_, addr, logs := startProxy(t, []string{fb.addr()}, func(c *Config) { c.MaxConcurrentLookups, c.MaxConnectionLookups = 10, 2 })
+	flooder, floodBroker := handshake(t, addr, fb, "")
+	other, otherBroker := handshake(t, addr, fb, "")
+	for id := uint64(1); id <= 2; id++ {
+		send(t, flooder, frame(t, lookupCmd(id)))
+		expect(t, floodBroker, pulsarpb.BaseCommand_LOOKUP)
+	}
+
+	for id := uint64(3); id <= 5; id++ {
+		send(t, flooder, frame(t, lookupCmd(id)))
+	}
+	send(t, other, frame(t, lookupCmd(7)))
+
+	for id := uint64(3); id <= 5; id++ {
+		cmd, _ := expect(t, flooder, pulsarpb.BaseCommand_LOOKUP_RESPONSE)
+		if r := cmd.GetLookupTopicResponse(); r.GetRequestId() != id || r.GetError() != pulsarpb.ServerError_TooManyRequests {
+			t.Fatalf("flooder got %v, want TooManyRequests for %d", r, id)
+		}
+	}
+	if cmd, _ := expect(t, otherBroker, pulsarpb.BaseCommand_LOOKUP); cmd.GetLookupTopic().GetRequestId() != 7 {
+		t.Fatalf("broker got %v from the second client", cmd)
+	}
+	if n := strings.Count(logs.String(), "lookup refused"); n != 1 {
+		t.Fatalf("%d log lines for 3 refusals, want 1:\n%s", n, logs.String())
 	}
 }

@@ -32,6 +32,7 @@ type options struct {
 	softLimit      byteSize
 	hardLimit      byteSize
 	maxLookups     int
+	maxConnLookups int
 	maxRedirects   int
 	lookupTimeout  time.Duration
 	eventLoops     int
@@ -64,6 +65,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	o.hardLimit = byteSize(d.HardBufferLimit)
 	fs.Var(&o.hardLimit, "hard-buffer-limit", "bytes held for one direction after which the connection pair is closed with a logged reason (>= soft + max message size + 10KiB)")
 	fs.IntVar(&o.maxLookups, "max-concurrent-lookups", d.MaxConcurrentLookups, "LOOKUP and PARTITIONED_METADATA requests in flight at once; excess ones get TooManyRequests")
+	fs.IntVar(&o.maxConnLookups, "max-connection-lookups", d.MaxConnectionLookups, "LOOKUP and PARTITIONED_METADATA requests in flight at once from one client connection (within max-concurrent-lookups); its excess ones get TooManyRequests, so one client's flood is not refused to others")
 	fs.IntVar(&o.maxRedirects, "max-lookup-redirects", d.MaxLookupRedirects, "lookup redirects the proxy follows itself, asking each named broker as the client, before answering the client ServiceNotReady; 0 relays redirects to the client instead (the default is the Java client's maxLookupRedirects)")
 	fs.DurationVar(&o.lookupTimeout, "lookup-timeout", d.LookupTimeout, "time allowed for following one lookup's redirects, all hops included")
 	fs.IntVar(&o.eventLoops, "event-loops", d.EventLoops, "gnet event loops (0 = one per CPU)")
@@ -255,6 +257,6 @@ func (o *options) proxyConfig() (proxy.Config, error) {
 	c.ConnectTimeout, c.HandshakeTimeout, c.IdleTimeout, c.DrainTimeout = o.connectTimeout, o.handshake, o.idle, o.drain
 	c.MaxMessageSize, c.SoftBufferLimit, c.HardBufferLimit = int(o.maxMessageSize), int(o.softLimit), int(o.hardLimit)
 	c.MaxConcurrentLookups, c.EventLoops, c.ReadBufferCap = o.maxLookups, o.eventLoops, int(o.readBuffer)
-	c.MaxLookupRedirects, c.LookupTimeout = o.maxRedirects, o.lookupTimeout
+	c.MaxLookupRedirects, c.LookupTimeout, c.MaxConnectionLookups = o.maxRedirects, o.lookupTimeout, o.maxConnLookups
 	return c, c.Validate()
 }

@@ -99,3 +99,24 @@ func TestLookupRedirectOptions(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+// Given a config file setting max-connection-lookups, and one setting it to 0,
+// when they are parsed,
+// then the proxy config carries the bound, and 0 is refused naming the key.
+func TestConnectionLookupBoundOption(t *testing.T) {
+	good := writeConfig(t, "broker-url: pulsar://a:6650\nmax-connection-lookups: 8\n")
+	bad := writeConfig(t, "broker-url: pulsar://a:6650\nmax-connection-lookups: 0\n")
+
+	og, errGood := parseArgs([]string{"--config", good})
+	ob, errBad := parseArgs([]string{"--config", bad})
+
+	if errGood != nil || errBad != nil {
+		t.Fatal(errGood, errBad)
+	}
+	if cfg, err := og.proxyConfig(); err != nil || cfg.MaxConnectionLookups != 8 {
+		t.Fatalf("got %v, %+v", err, cfg)
+	}
+	if _, err := ob.proxyConfig(); err == nil || !strings.HasPrefix(err.Error(), "max-connection-lookups:") {
+		t.Fatalf("got %v", err)
+	}
+}
