@@ -41,6 +41,12 @@ type Config struct {
 	// SoftBufferLimit: when the bytes queued towards one side exceed it,
 	// the proxy stops taking frames from the other side until they drain.
 	SoftBufferLimit int
+	// MemoryBudget bounds the bytes all connections together hold in the
+	// proxy (unread input and output queued towards slow sides). Above it,
+	// every direction pauses once 256 KiB are queued towards its receiver
+	// (instead of SoftBufferLimit), so the slow ones are slowed harder and
+	// the fast ones, whose queues stay empty, go on. 0 disables it.
+	MemoryBudget int
 	// HardBufferLimit: when the bytes held for one direction (unread input
 	// plus queued output) exceed it, the pair is closed with a logged reason.
 	HardBufferLimit int
@@ -86,6 +92,7 @@ func DefaultConfig() Config {
 		MaxMessageSize:       wire.DefaultMaxMessageSize,
 		SoftBufferLimit:      4 << 20,
 		HardBufferLimit:      64 << 20,
+		MemoryBudget:         256 << 20,
 		MaxConcurrentLookups: 1024,
 		MaxConnectionLookups: 256,
 		MaxLookupRedirects:   20,
@@ -122,6 +129,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("idle-timeout: must be >= 0")
 	case c.MaxMessageSize <= 0:
 		return fmt.Errorf("max-message-size: must be > 0")
+	case c.MemoryBudget < 0:
+		return fmt.Errorf("memory-budget: must be >= 0 (0: no budget)")
 	case c.SoftBufferLimit <= 0:
 		return fmt.Errorf("soft-buffer-limit: must be > 0")
 	case c.HardBufferLimit < c.SoftBufferLimit+wire.MaxFrameLen(c.MaxMessageSize):

@@ -163,7 +163,7 @@ func (s *session) takeRedirect(f wire.Frame) (bool, error) {
 	start := time.Now()
 	go func() {
 		out := fl.run()
-		e := s.client.EventLoop().Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		e := s.loop.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
 			s.finishFollow(p, out, time.Since(start))
 			return nil
 		}))
@@ -230,7 +230,7 @@ func (s *session) finishFollow(p *pendingLookup, out followOutcome, took time.Du
 		if s.reason == nil {
 			s.reason = fmt.Errorf("answering a followed lookup: %w", err)
 		}
-		_ = s.client.Close()
+		s.client.Close()
 	}
 }
 

@@ -124,6 +124,14 @@ type metrics struct {
 	lookups        [len(lookupResults)]atomic.Uint64
 	lookupsFlight  atomic.Int64
 	pauses         [2]atomic.Uint64
+	parks          [2]atomic.Uint64 // by direction of the frames read from the parked socket
+	parked         atomic.Int64
+	held           func() int64
+	budget         int64
+	descParks      *prometheus.Desc
+	descParked     *prometheus.Desc
+	descHeld       *prometheus.Desc
+	descBudget     *prometheus.Desc
 	panics         atomic.Uint64
 	knownBrokers   func() int
 	descConnsOpen  *prometheus.Desc
@@ -156,6 +164,14 @@ func newMetrics() *metrics {
 			"LOOKUP and PARTITIONED_METADATA requests awaiting a broker answer.", nil, nil),
 		descPauses: prometheus.NewDesc("rebatchproxy_backpressure_pauses_total",
 			"Times forwarding in a direction paused because the receiving side was slow.", []string{"direction"}, nil),
+		descParks: prometheus.NewDesc("rebatchproxy_backpressure_parks_total",
+			"Times a socket was taken off its event loop so that TCP slows its sender, by the direction of the frames it sends: client_to_broker parks a client (its broker side or its receipts are slow), broker_to_client parks a broker connection (its client is slow).", []string{"direction"}, nil),
+		descParked: prometheus.NewDesc("rebatchproxy_backpressure_parked_sockets",
+			"Sockets off their event loop now (parked, or leaving or returning).", nil, nil),
+		descHeld: prometheus.NewDesc("rebatchproxy_buffered_bytes",
+			"Bytes the proxy holds for all connections: unread input and output queued towards slow sides.", nil, nil),
+		descBudget: prometheus.NewDesc("rebatchproxy_memory_budget_bytes",
+			"The memory budget (memory-budget): above it every direction pauses at 256 KiB queued.", nil, nil),
 		descKnown: prometheus.NewDesc("rebatchproxy_known_brokers",
 			"Broker addresses a data connection may target (configured plus learned).", nil, nil),
 		descPanics: prometheus.NewDesc("rebatchproxy_internal_errors_total",
@@ -177,7 +193,8 @@ func (m *metrics) countFrame(shard uint32, d direction, t pulsarpb.BaseCommand_T
 // Describe implements prometheus.Collector.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.descConnsOpen, m.descConnsTotal, m.descFrames, m.descBytes,
-		m.descCloses, m.descLookups, m.descFlight, m.descPauses, m.descKnown, m.descPanics} {
+		m.descCloses, m.descLookups, m.descFlight, m.descPauses, m.descKnown, m.descPanics,
+		m.descParks, m.descParked, m.descHeld, m.descBudget} {
 		ch <- d
 	}
 }
@@ -208,6 +225,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(m.descBytes, prometheus.CounterValue, float64(bytes), d.String(), name)
 		}
 		ch <- prometheus.MustNewConstMetric(m.descPauses, prometheus.CounterValue, float64(m.pauses[d].Load()), d.String())
+		ch <- prometheus.MustNewConstMetric(m.descParks, prometheus.CounterValue, float64(m.parks[d].Load()), d.String())
 	}
 	for i, r := range closeReasons {
 		ch <- prometheus.MustNewConstMetric(m.descCloses, prometheus.CounterValue, float64(m.closes[i].Load()), r)
@@ -217,6 +235,11 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(m.descFlight, prometheus.GaugeValue, float64(m.lookupsFlight.Load()))
 	ch <- prometheus.MustNewConstMetric(m.descPanics, prometheus.CounterValue, float64(m.panics.Load()))
+	ch <- prometheus.MustNewConstMetric(m.descParked, prometheus.GaugeValue, float64(m.parked.Load()))
+	ch <- prometheus.MustNewConstMetric(m.descBudget, prometheus.GaugeValue, float64(m.budget))
+	if m.held != nil {
+		ch <- prometheus.MustNewConstMetric(m.descHeld, prometheus.GaugeValue, float64(m.held()))
+	}
 	if m.knownBrokers != nil {
 		ch <- prometheus.MustNewConstMetric(m.descKnown, prometheus.GaugeValue, float64(m.knownBrokers()))
 	}

@@ -44,6 +44,8 @@ type Server struct {
 	nextID    atomic.Uint64
 	now       atomic.Int64 // coarse clock (unix ns), refreshed by OnTick
 	npaused   atomic.Int64 // sessions with a paused direction
+	noffLoop  atomic.Int64 // sessions with a socket off the loop
+	held      atomic.Int64 // bytes all sessions hold (the memory budget's measure)
 }
 
 // tickInterval is how often timeouts are checked; pausedTick is used while
@@ -74,6 +76,8 @@ func New(cfg Config) (*Server, error) {
 		booted: make(chan struct{}),
 	}
 	s.m.knownBrokers = s.known.count
+	s.m.held = s.held.Load
+	s.m.budget = int64(cfg.MemoryBudget)
 	s.now.Store(time.Now().UnixNano())
 	return s, nil
 }
@@ -206,6 +210,9 @@ func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
 // is their session end).
 func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	if e, ok := c.Context().(*end); ok {
+		if k := e.sock(); k != nil && k.mode == returning {
+			return k.onReturn(c) // a parked socket back on the loop
+		}
 		return e.s.onBrokerOpen(c)
 	}
 	s.m.connsTotal[0].Add(1)
@@ -251,7 +258,15 @@ func (s *Server) OnClose(c gnet.Conn, err error) gnet.Action {
 		s.m.connsOpen[0].Add(-1)
 		return gnet.None
 	}
-	e.s.onClose(e, c, err)
+	k := e.sock()
+	switch {
+	case k != nil && k.onGnetClose(c):
+		// A socket leaving the loop to be parked; the session goes on.
+	case k == nil || k.c != c:
+		s.m.connsOpen[1].Add(-1) // a late dial for a session already closed
+	default:
+		e.s.onClose(e, k, err)
+	}
 	return gnet.None
 }
 
@@ -268,11 +283,12 @@ func (s *Server) OnTick() (time.Duration, gnet.Action) {
 		switch {
 		case ss.handshakeDeadline.Load() != 0 && now > ss.handshakeDeadline.Load():
 			ss.closeAsync(ErrHandshakeTimeout)
-		case idle > 0 && now-ss.lastActive.Load() > idle:
+		case idle > 0 && now-ss.lastActive.Load() > idle && !ss.pausedAny.Load() && ss.offLoop.Load() == 0:
+			// (A pair slowed by backpressure is not idle: its slow side holds it.)
 			ss.closeAsync(fmt.Errorf("%w: nothing moved for %s", ErrIdleTimeout, s.cfg.IdleTimeout))
 		case ss.drainDeadline.Load() != 0 && now > ss.drainDeadline.Load():
 			ss.closeAsync(ErrChunkDrainTimeout)
-		case ss.pausedAny.Load():
+		case ss.pausedAny.Load() || ss.offLoop.Load() > 0:
 			ss.resumeAsync()
 		}
 		if pd := ss.pathDeadline.Load(); pd != 0 {
@@ -284,7 +300,7 @@ func (s *Server) OnTick() (time.Duration, gnet.Action) {
 		}
 		return true
 	})
-	if s.npaused.Load() > 0 {
+	if s.npaused.Load() > 0 || s.noffLoop.Load() > 0 {
 		next = min(next, int64(pausedTick))
 	}
 	// A producer path's deadline (a batch's max delay) sets the pace, down to

@@ -43,7 +43,8 @@ type session struct {
 	srv        *Server
 	id         uint64
 	shard      uint32
-	client     gnet.Conn // immutable after newSession
+	loop       gnet.EventLoop // the client's loop; the broker's conn is enrolled on it
+	client     *sock          // immutable pointer after newSession
 	clientAddr string
 	clientEnd  end
 	brokerEnd  end
@@ -52,8 +53,9 @@ type session struct {
 	handshakeDeadline atomic.Int64
 	lastActive        atomic.Int64
 	pausedAny         atomic.Bool
-	taskQueued        atomic.Bool // a resumeAsync task is queued
-	closeQueued       atomic.Bool // a closeAsync task is queued
+	offLoop           atomic.Int32 // sockets parked or in transit (sock.go)
+	taskQueued        atomic.Bool  // a resumeAsync task is queued
+	closeQueued       atomic.Bool  // a closeAsync task is queued
 	// pathDeadline is the ProducerPath's NextDeadline (unix ns, 0 = none),
 	// published for the ticker; tickQueued dedups its tick tasks.
 	pathDeadline atomic.Int64
@@ -63,8 +65,11 @@ type session struct {
 	drainDeadline atomic.Int64
 
 	// Loop-owned.
-	state        int
-	broker       gnet.Conn
+	state  int
+	broker *sock // nil until the broker conn opens
+	// heldPub is the bytes this session held when it last told the server's
+	// memory budget (publishHeld).
+	heldPub      int64
 	brokerAddr   string // written by the dial goroutine before Enroll
 	maxMsg       int
 	hardLimit    int
@@ -86,7 +91,7 @@ type session struct {
 
 	// Pump state while a batch of frames is being processed, so Outputs
 	// can flush the pending run of forwarded frames before writing.
-	pumpDst  gnet.Conn
+	pumpDst  *sock
 	pumpBuf  []byte
 	pumpRun  int
 	pumpOff  int
@@ -116,13 +121,14 @@ func newSession(srv *Server, c gnet.Conn) *session {
 	s := &session{
 		srv:        srv,
 		id:         srv.nextID.Add(1),
-		client:     c,
+		loop:       c.EventLoop(),
 		clientAddr: c.RemoteAddr().String(),
 		maxMsg:     srv.cfg.MaxMessageSize,
 	}
 	s.shard = uint32(s.id)
 	s.clientEnd = end{s: s, dir: toBroker}
 	s.brokerEnd = end{s: s, dir: toClient}
+	s.client = newSock(&s.clientEnd, c)
 	s.hardLimit = srv.cfg.HardBufferLimit
 	now := srv.now.Load()
 	s.lastActive.Store(now)
@@ -139,7 +145,7 @@ func (s *session) logger() *slog.Logger {
 }
 
 // peer returns the connection frames of direction d are written to.
-func (s *session) peer(d direction) gnet.Conn {
+func (s *session) peer(d direction) *sock {
 	if d == toBroker {
 		return s.broker
 	}
@@ -147,7 +153,7 @@ func (s *session) peer(d direction) gnet.Conn {
 }
 
 // source returns the connection frames of direction d are read from.
-func (s *session) source(d direction) gnet.Conn {
+func (s *session) source(d direction) *sock {
 	if d == toBroker {
 		return s.client
 	}
@@ -156,25 +162,35 @@ func (s *session) source(d direction) gnet.Conn {
 
 // onTraffic runs on the loop for data from either side.
 func (s *session) onTraffic(e *end, c gnet.Conn) gnet.Action {
-	s.lastActive.Store(s.srv.now.Load())
-	switch s.state {
-	case stClosed:
+	k := e.sock()
+	if s.state == stClosed || k == nil || k.c != c {
 		_, _ = c.Discard(-1)
 		return gnet.None
-	case stDialing:
+	}
+	s.lastActive.Store(s.srv.now.Load())
+	if s.state == stDialing {
 		// CONNECT is on its way; keep whatever else the client sent
 		// buffered (bounded) until the broker answers.
-		if c.InboundBuffered() > s.hardLimit {
-			return s.fail(fmt.Errorf("%w: %d bytes buffered while dialling", ErrBufferLimit, c.InboundBuffered()))
+		if n := k.InboundBuffered(); n > s.hardLimit {
+			return s.fail(fmt.Errorf("%w: %d bytes buffered while dialling", ErrBufferLimit, n))
 		}
 		return gnet.None
 	}
-	action := s.pump(c, e.dir)
+	action := s.pump(k, e.dir)
+	s.publishHeld()
 	if s.clientGone && action == gnet.None && !s.chunksInFlight() {
 		s.logger().Debug("chunk receipts drained after the client left")
 		return gnet.Close
 	}
 	return action
+}
+
+// sock returns the side this end reads from (nil before the broker conn opens).
+func (e *end) sock() *sock {
+	if e.dir == toBroker {
+		return e.s.client
+	}
+	return e.s.broker
 }
 
 // chunksInFlight reports whether the producer path still waits for receipts
@@ -198,7 +214,7 @@ func (s *session) closeAsync(err error) {
 	if !s.closeQueued.CompareAndSwap(false, true) {
 		return
 	}
-	e := s.client.EventLoop().Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+	e := s.loop.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
 		s.closeQueued.Store(false)
 		if s.state == stClosed {
 			return nil
@@ -213,10 +229,10 @@ func (s *session) closeAsync(err error) {
 			s.reason = err
 		}
 		if s.clientGone && s.broker != nil {
-			_ = s.broker.Close()
+			s.broker.Close()
 			return nil
 		}
-		_ = s.client.Close()
+		s.client.Close()
 		return nil
 	}))
 	if e != nil {
@@ -230,9 +246,16 @@ func (s *session) resumeAsync() {
 	if !s.taskQueued.CompareAndSwap(false, true) {
 		return
 	}
-	e := s.client.EventLoop().Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+	e := s.loop.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
 		s.taskQueued.Store(false)
 		if s.state == stClosed {
+			return nil
+		}
+		if err := s.tendParked(); err != nil {
+			if s.reason == nil {
+				s.reason = err
+			}
+			s.client.Close()
 			return nil
 		}
 		for d := toBroker; d <= toClient; d++ {
@@ -240,12 +263,16 @@ func (s *session) resumeAsync() {
 				continue
 			}
 			dst, src := s.peer(d), s.source(d)
-			if dst == nil || src == nil || dst.OutboundBuffered() > s.srv.cfg.SoftBufferLimit/2 {
+			if dst == nil || src == nil || (dst.mode != gone && dst.OutboundBuffered() > s.softLimit()/2) {
 				continue
 			}
 			s.setPaused(d, false)
-			_ = src.Wake(nil)
+			if d == toBroker && s.backlogHeld {
+				continue // the client stays parked for its backlog
+			}
+			s.unparkSource(d)
 		}
+		s.publishHeld()
 		return nil
 	}))
 	if e != nil {
@@ -261,7 +288,9 @@ func (s *session) resumeClient() {
 		return
 	}
 	s.backlogHeld = false
-	_ = s.client.Wake(nil)
+	if !s.paused[toBroker] {
+		s.unparkSource(toBroker)
+	}
 }
 
 func (s *session) setPaused(d direction, on bool) {
@@ -296,15 +325,15 @@ const (
 // pump reads every complete frame buffered on src, forwards the original
 // bytes of untouched frames to the peer in one write per run, and hands
 // the rest to onFrame. Runs on the loop.
-func (s *session) pump(src gnet.Conn, d direction) gnet.Action {
+func (s *session) pump(src *sock, d direction) gnet.Action {
 	avail := src.InboundBuffered()
 	dst := s.peer(d)
 	if avail == 0 {
 		return gnet.None
 	}
 	if s.through[d] > 0 {
-		if dst != nil && dst.OutboundBuffered() > s.srv.cfg.SoftBufferLimit {
-			s.setPaused(d, true)
+		if dst != nil && dst.OutboundBuffered() > s.softLimit() {
+			s.pause(d)
 			return s.checkHard(src, dst, d, avail)
 		}
 		if err := s.passThrough(src, dst, d, min(avail, s.through[d])); err != nil {
@@ -316,14 +345,14 @@ func (s *session) pump(src gnet.Conn, d direction) gnet.Action {
 	}
 	if d == toBroker && s.backlog != nil && s.backlog.Backlogged() {
 		// At a frame boundary: the client's next frames wait for receipts.
-		s.backlogHeld = true
+		s.holdForBacklog()
 		return s.checkHard(src, dst, d, avail)
 	}
 	if avail < s.need[d] {
 		return s.checkHard(src, dst, d, avail)
 	}
-	if dst != nil && dst.OutboundBuffered() > s.srv.cfg.SoftBufferLimit {
-		s.setPaused(d, true)
+	if dst != nil && dst.OutboundBuffered() > s.softLimit() {
+		s.pause(d)
 		return s.checkHard(src, dst, d, avail)
 	}
 	buf, err := src.Peek(avail)
@@ -372,7 +401,7 @@ loop:
 			break loop
 		}
 		if backlogged {
-			s.backlogHeld = true
+			s.holdForBacklog()
 			break loop
 		}
 		if s.pumpFail != nil {
@@ -387,7 +416,7 @@ loop:
 		}
 	}
 	if s.pumpOff > 0 { // gnet's Discard(0) discards everything
-		_, _ = src.Discard(s.pumpOff)
+		src.Discard(s.pumpOff)
 	}
 	s.pumpBuf, s.pumpDst = nil, nil
 	if d == toClient && action == gnet.None {
@@ -456,7 +485,7 @@ const maxKeptHeld = 1 << 20
 // passThrough forwards the next k bytes of a cut-through frame from src to
 // dst straight from gnet's read buffer, and releases the frames held while
 // it was open once its last byte is out. Runs on the loop.
-func (s *session) passThrough(src, dst gnet.Conn, d direction, k int) error {
+func (s *session) passThrough(src, dst *sock, d direction, k int) error {
 	buf, err := src.Peek(k)
 	if err != nil {
 		return err
@@ -466,7 +495,7 @@ func (s *session) passThrough(src, dst gnet.Conn, d direction, k int) error {
 			return err
 		}
 	}
-	_, _ = src.Discard(k)
+	src.Discard(k)
 	s.through[d] -= k
 	if s.through[d] == 0 && len(s.held[d]) > 0 {
 		held := s.held[d]
@@ -500,14 +529,14 @@ func (s *session) flushRun() {
 }
 
 // checkHard closes the pair when one direction holds too many bytes.
-func (s *session) checkHard(src, dst gnet.Conn, d direction, inbound int) gnet.Action {
+func (s *session) checkHard(src, dst *sock, d direction, inbound int) gnet.Action {
 	held := inbound
 	if dst != nil {
 		held += dst.OutboundBuffered()
 	}
 	if held > s.hardLimit {
-		return s.fail(fmt.Errorf("%w: %d bytes held %s (limit %d); the %s side is not reading",
-			ErrBufferLimit, held, d, s.hardLimit, peerSideName(d)))
+		return s.fail(fmt.Errorf("%w: %d bytes held %s (limit %d); the %s side is not reading and the %s side could not be slowed (it does not read what it is sent either), so closing is the last resort",
+			ErrBufferLimit, held, d, s.hardLimit, peerSideName(d), sideName(d)))
 	}
 	return gnet.None
 }
@@ -602,7 +631,7 @@ func (s *session) onFrame(d direction, f wire.Frame) (frameAction, error) {
 			if s.reason == nil {
 				s.reason = fmt.Errorf("broker refused CONNECT: %s", errorText(f, &s.cmd))
 			}
-			_ = s.client.Close()
+			s.client.Close()
 			return actStop, nil
 		}
 		return 0, fmt.Errorf("%w: %s from broker before CONNECTED", ErrOutOfOrder, t)
@@ -683,9 +712,9 @@ func (s *session) recoverAndClose() {
 	if s.reason == nil {
 		s.reason = fmt.Errorf("%w: %v", ErrInternal, v)
 	}
-	_ = s.client.Close()
+	s.client.Close()
 	if s.broker != nil {
-		_ = s.broker.Close()
+		s.broker.Close()
 	}
 }
 
@@ -698,7 +727,7 @@ func (s *session) tickAsync() {
 	if !s.tickQueued.CompareAndSwap(false, true) {
 		return
 	}
-	e := s.client.EventLoop().Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+	e := s.loop.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
 		s.tickQueued.Store(false)
 		s.timerAt = 0
 		if s.state != stEstablished || s.path == nil {
@@ -716,7 +745,7 @@ func (s *session) tickAsync() {
 			if s.reason == nil {
 				s.reason = err
 			}
-			_ = s.client.Close()
+			s.client.Close()
 		}
 		return nil
 	}))
@@ -781,7 +810,7 @@ func (s *session) refuse(code pulsarpb.ServerError, msg string) {
 		s.srv.m.countFrame(s.shard, toClient, pulsarpb.BaseCommand_ERROR, len(b))
 		_, _ = s.client.Write(b)
 	}
-	_ = s.client.Close()
+	s.client.Close()
 }
 
 // dial connects to the first reachable target and enrolls the connection
@@ -796,7 +825,7 @@ func (s *session) dial(targets []string) {
 			break
 		}
 	}
-	el := s.client.EventLoop()
+	el := s.loop
 	if err == nil {
 		var ch <-chan gnet.RegisteredResult
 		ch, err = el.Enroll(gnet.NewContext(context.Background(), &s.brokerEnd), nc)
@@ -832,7 +861,7 @@ func (s *session) onBrokerOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	if s.state != stDialing {
 		return nil, gnet.Close
 	}
-	s.broker = c
+	s.broker = newSock(&s.brokerEnd, c)
 	s.state = stHandshake
 	out := s.connectFrame
 	s.connectFrame = nil
@@ -840,7 +869,7 @@ func (s *session) onBrokerOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		s.srv.m.countFrame(s.shard, toBroker, t, len(out))
 	}
 	if s.client.InboundBuffered() > 0 {
-		_ = s.client.Wake(nil)
+		s.client.Wake()
 	}
 	return out, gnet.None
 }
@@ -866,7 +895,7 @@ func (s *session) onConnected(f wire.Frame) (frameAction, error) {
 	s.logger().Debug("connected", "server_version", s.cmd.GetConnected().GetServerVersion(),
 		"protocol_version", s.cmd.GetConnected().GetProtocolVersion(), "max_message_size", s.maxMsg)
 	if s.client.InboundBuffered() > 0 {
-		_ = s.client.Wake(nil)
+		s.client.Wake()
 	}
 	return actForward, nil
 }
@@ -1013,16 +1042,11 @@ func (s *session) noteSendError(f wire.Frame) {
 		"sequence_id", e.GetSequenceId(), "error", e.GetError().String(), "message", e.GetMessage())
 }
 
-// onClose runs on the loop when either conn closes; it closes the other.
-func (s *session) onClose(e *end, c gnet.Conn, err error) {
-	if e.dir == toBroker {
-		s.srv.m.connsOpen[0].Add(-1)
-	} else {
-		s.srv.m.connsOpen[1].Add(-1)
-		if s.broker != c { // a late dial for a session already closed
-			return
-		}
-	}
+// onClose runs on the loop when either side closes for good (gnet's
+// OnClose of its conn, or the close of a parked socket); it closes the other.
+func (s *session) onClose(e *end, k *sock, err error) {
+	s.srv.m.connsOpen[e.dir].Add(-1) // end toBroker reads the client (side 0)
+	defer func() { k.mode, k.c = gone, nil }()
 	if s.state == stClosed {
 		return
 	}
@@ -1056,7 +1080,7 @@ func (s *session) onClose(e *end, c gnet.Conn, err error) {
 	s.drainDeadline.Store(0)
 	reason := s.reason
 	if reason == nil {
-		if n := c.InboundBuffered(); n > 0 {
+		if n := k.InboundBuffered(); n > 0 {
 			reason = fmt.Errorf("%w: %s closed with %d bytes of an incomplete frame", ErrTruncated, sideName(e.dir), n)
 		} else if n := s.through[e.dir]; n > 0 {
 			reason = fmt.Errorf("%w: %s closed %d bytes before the end of a frame being forwarded", ErrTruncated, sideName(e.dir), n)
@@ -1078,10 +1102,10 @@ func (s *session) onClose(e *end, c gnet.Conn, err error) {
 	}
 	if e.dir == toBroker {
 		if s.broker != nil {
-			_ = s.broker.Close()
+			s.broker.Close()
 		}
 	} else {
-		_ = s.client.Close()
+		s.client.Close()
 	}
 	if s.lookupsOut > 0 {
 		s.srv.m.lookupsFlight.Add(-s.lookupsOut)
@@ -1101,6 +1125,8 @@ func (s *session) onClose(e *end, c gnet.Conn, err error) {
 		s.timer.Stop()
 	}
 	s.handshakeDeadline.Store(0)
+	s.srv.held.Add(-s.heldPub)
+	s.heldPub = 0
 	s.srv.sessions.Delete(s)
 	s.srv.nsessions.Add(-1)
 }

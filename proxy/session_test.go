@@ -268,32 +268,6 @@ func TestHandshakeTimeout(t *testing.T) {
 	logs.waitFor(t, "handshake timeout")
 }
 
-// Given a broker that stops reading,
-// when the client keeps sending past the hard buffer limit,
-// then the pair is closed with a buffer-limit log line.
-func TestHardBufferLimitDisconnects(t *testing.T) {
-	fb := newFakeBroker(t)
-	_, addr, logs := startProxy(t, []string{fb.addr()}, func(c *Config) {
-		c.MaxMessageSize = 64 << 10
-		c.SoftBufferLimit = 64 << 10
-		c.HardBufferLimit = 256 << 10
-	})
-	client, _ := handshake(t, addr, fb, "")
-	payload := bytes.Repeat([]byte("x"), 32<<10)
-	chunk := wire.AppendSendFrame(nil, &wire.Send{ProducerID: 1, SequenceID: 1}, []byte{0x0a, 0x01, 'p'}, payload)
-
-	go func() {
-		for i := 0; i < 2000; i++ { // 64 MiB, far beyond socket buffers and the limit
-			if _, err := client.Write(chunk); err != nil {
-				return
-			}
-		}
-	}()
-
-	logs.waitFor(t, "buffer limit exceeded")
-	expectClosed(t, client)
-}
-
 // Given a proxy allowing one lookup in flight and a lookup the broker has not answered,
 // when the client sends a second LOOKUP,
 // then the proxy answers it itself with TooManyRequests for that request id.

@@ -31,6 +31,7 @@ type options struct {
 	maxMessageSize byteSize
 	softLimit      byteSize
 	hardLimit      byteSize
+	memoryBudget   byteSize
 	maxLookups     int
 	maxConnLookups int
 	maxRedirects   int
@@ -64,6 +65,8 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.Var(&o.softLimit, "soft-buffer-limit", "bytes queued towards a slow side after which the proxy stops reading frames from the other side")
 	o.hardLimit = byteSize(d.HardBufferLimit)
 	fs.Var(&o.hardLimit, "hard-buffer-limit", "bytes held for one direction after which the connection pair is closed with a logged reason (>= soft + max message size + 10KiB)")
+	o.memoryBudget = byteSize(d.MemoryBudget)
+	fs.Var(&o.memoryBudget, "memory-budget", "bytes all connections together may hold (unread input, output queued towards slow sides); above it every direction pauses at 256KiB queued, slowing the slow sides harder; also sets Go's memory limit to this + 128MiB unless GOMEMLIMIT is set (0 = no budget)")
 	fs.IntVar(&o.maxLookups, "max-concurrent-lookups", d.MaxConcurrentLookups, "LOOKUP and PARTITIONED_METADATA requests in flight at once; excess ones get TooManyRequests")
 	fs.IntVar(&o.maxConnLookups, "max-connection-lookups", d.MaxConnectionLookups, "LOOKUP and PARTITIONED_METADATA requests in flight at once from one client connection (within max-concurrent-lookups); its excess ones get TooManyRequests, so one client's flood is not refused to others")
 	fs.IntVar(&o.maxRedirects, "max-lookup-redirects", d.MaxLookupRedirects, "lookup redirects the proxy follows itself, asking each named broker as the client, before answering the client ServiceNotReady; 0 relays redirects to the client instead (the default is the Java client's maxLookupRedirects)")
@@ -256,6 +259,7 @@ func (o *options) proxyConfig() (proxy.Config, error) {
 	c.AllowedBrokers = append(c.AllowedBrokers, o.allowedBrokers...)
 	c.ConnectTimeout, c.HandshakeTimeout, c.IdleTimeout, c.DrainTimeout = o.connectTimeout, o.handshake, o.idle, o.drain
 	c.MaxMessageSize, c.SoftBufferLimit, c.HardBufferLimit = int(o.maxMessageSize), int(o.softLimit), int(o.hardLimit)
+	c.MemoryBudget = int(o.memoryBudget)
 	c.MaxConcurrentLookups, c.EventLoops, c.ReadBufferCap = o.maxLookups, o.eventLoops, int(o.readBuffer)
 	c.MaxLookupRedirects, c.LookupTimeout, c.MaxConnectionLookups = o.maxRedirects, o.lookupTimeout, o.maxConnLookups
 	return c, c.Validate()

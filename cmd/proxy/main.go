@@ -13,6 +13,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -25,6 +26,10 @@ import (
 	"github.com/rebatchproxy/rebatchproxy/rebatch"
 	"github.com/rebatchproxy/rebatchproxy/route"
 )
+
+// memoryLimitOverhead is what the Go memory limit allows above the memory budget: the
+// runtime, the metrics, per-connection state and gnet's read buffers.
+const memoryLimitOverhead = 128 << 20
 
 func main() {
 	os.Exit(run(os.Args[1:]))
@@ -50,6 +55,11 @@ func run(args []string) int {
 		return 2
 	}
 	cfg.Logger = log
+	if cfg.MemoryBudget > 0 && os.Getenv("GOMEMLIMIT") == "" {
+		// The budget bounds what connections hold; the runtime's soft limit keeps the garbage
+		// of bursts (buffers freed, not yet collected) from stacking RSS on top of it.
+		debug.SetMemoryLimit(int64(cfg.MemoryBudget) + memoryLimitOverhead)
+	}
 	policies := proxy.NewPolicies(o.policies)
 	rm := proxy.NewRebatchMetrics()
 	chunks := proxy.NewChunkDedup(chunkdedup.Config{})

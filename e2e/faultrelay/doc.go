@@ -54,6 +54,13 @@
 // back to their service URL (the relay) and name the broker in proxy_to_broker_url, which the
 // relay forwards unchanged to the proxy.
 //
+// # Slow links
+//
+// Config.ToServerRate paces each connection's client-to-server bytes (a slow or congested link
+// towards the server); HoldToClient stops the relay reading from the server on every connection
+// until ReleaseToClient (clients that stop reading their sockets). Both push back through TCP
+// only: nothing is dropped.
+//
 // # Limits
 //
 // One upstream per relay (enough for a standalone broker or one proxy). Plaintext only. Frames

@@ -57,6 +57,10 @@ type Config struct {
 	// RewriteLookups makes the relay rewrite LOOKUP_RESPONSE broker URLs naming Upstream to
 	// its own URL (needed in front of a broker; harmless in front of the proxy).
 	RewriteLookups bool
+	// RewriteProxiedLookups also rewrites answers that say proxy_through_service_url=true (the
+	// standalone broker sets it), for a relay whose client is the proxy: the proxy then dials the
+	// relay, not the broker, for the data connections.
+	RewriteProxiedLookups bool
 	// Rule is the fault; nil relays everything untouched.
 	Rule *Rule
 	// MaxFrameSize bounds one frame, size prefix included; 0 means 64 MiB.
@@ -65,6 +69,9 @@ type Config struct {
 	DialTimeout time.Duration
 	// Logf, when set, receives one line per connection event and per cut.
 	Logf func(format string, args ...any)
+	// ToServerRate throttles each connection's client-to-server bytes to this many per second
+	// (a slow link towards the server); 0 relays them as fast as they come.
+	ToServerRate int
 }
 
 // Cut records one firing of the rule.
@@ -118,6 +125,39 @@ type Relay struct {
 	fired     chan struct{}
 	firedOnce sync.Once
 	wg        sync.WaitGroup
+	// holdToClient, while not nil, is a channel closed when server-to-client relaying resumes.
+	holdToClient chan struct{}
+}
+
+// HoldToClient stops relaying server-to-client bytes on every connection (the relay stops
+// reading from the server, as a client that stops reading its socket would) until
+// ReleaseToClient.
+func (r *Relay) HoldToClient() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.holdToClient == nil {
+		r.holdToClient = make(chan struct{})
+	}
+}
+
+// ReleaseToClient resumes what HoldToClient stopped.
+func (r *Relay) ReleaseToClient() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.holdToClient != nil {
+		close(r.holdToClient)
+		r.holdToClient = nil
+	}
+}
+
+// waitToClient blocks while server-to-client relaying is held.
+func (r *Relay) waitToClient() {
+	r.mu.Lock()
+	h := r.holdToClient
+	r.mu.Unlock()
+	if h != nil {
+		<-h
+	}
 }
 
 // Start listens and serves until Close.
@@ -366,6 +406,7 @@ func readFrame(br *bufio.Reader, maxFrame int) ([]byte, wire.Frame, error) {
 func (s *session) clientToServer() {
 	defer s.closeBoth()
 	br := bufio.NewReaderSize(s.client, 64<<10)
+	pace := pacer{rate: s.r.cfg.ToServerRate, start: time.Now()}
 	for {
 		buf, f, err := readFrame(br, s.r.cfg.MaxFrameSize)
 		if err != nil {
@@ -415,6 +456,7 @@ func (s *session) clientToServer() {
 		if _, err := s.server.Write(buf); err != nil {
 			return
 		}
+		pace.wait(len(buf))
 		s.r.count(func(st *Stats) { st.FramesToServer++ })
 		if cutNow {
 			s.cut(br)
@@ -466,6 +508,7 @@ func (s *session) serverToClient() {
 	defer s.closeBoth()
 	br := bufio.NewReaderSize(s.server, 64<<10)
 	for {
+		s.r.waitToClient()
 		buf, f, err := readFrame(br, s.r.cfg.MaxFrameSize)
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
@@ -517,7 +560,7 @@ func (s *session) rewriteLookup(f wire.Frame, buf []byte) []byte {
 		}
 		return buf
 	}
-	if lr.GetProxyThroughServiceUrl() {
+	if lr.GetProxyThroughServiceUrl() && !s.r.cfg.RewriteProxiedLookups {
 		s.r.count(func(st *Stats) { st.LookupsProxied++ })
 		return buf
 	}
@@ -535,4 +578,22 @@ func (s *session) rewriteLookup(f wire.Frame, buf []byte) []byte {
 	}
 	s.r.count(func(st *Stats) { st.LookupsRewritten++ })
 	return out
+}
+
+// pacer holds a direction to rate bytes per second since start (0: unlimited).
+type pacer struct {
+	rate  int
+	start time.Time
+	sent  int64
+}
+
+func (p *pacer) wait(n int) {
+	if p.rate <= 0 {
+		return
+	}
+	p.sent += int64(n)
+	due := p.start.Add(time.Duration(float64(p.sent) / float64(p.rate) * float64(time.Second)))
+	if d := time.Until(due); d > 0 {
+		time.Sleep(d)
+	}
 }

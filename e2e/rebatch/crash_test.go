@@ -148,9 +148,9 @@ func runCrashCase(t *testing.T, b *harness.Broker, tc crashCase) crashResult {
 	}
 	keep.Close()
 	url := b.ServiceURL
-	var pp *procProxy
+	var pp *harness.ProcessProxy
 	if tc.policy != "" {
-		pp = startProcProxy(t, b, crashRule(ns, tc.policy, "us, eu"))
+		pp = harness.StartProcessProxy(t, b, "policies:\n"+crashRule(ns, tc.policy, "us, eu"))
 		url = pp.URL()
 	}
 
@@ -216,7 +216,7 @@ func runCrashCase(t *testing.T, b *harness.Broker, tc crashCase) crashResult {
 		time.Sleep(200 * time.Microsecond)
 	}
 	if pp != nil {
-		pp.kill9()
+		pp.Kill9()
 	} else {
 		if err := b.UnloadTopic(ctxT(t, 30*time.Second), topic); err != nil {
 			t.Fatal(err)
@@ -230,7 +230,7 @@ func runCrashCase(t *testing.T, b *harness.Broker, tc crashCase) crashResult {
 	if pp != nil {
 		time.Sleep(time.Second)
 		start := time.Now()
-		if fails := pp.startRetrying(90 * time.Second); fails > 0 {
+		if fails := pp.StartRetrying(90 * time.Second); fails > 0 {
 			// The restart-on-the-same-port bug has its own test
 			// (TestProxyRestartsOnSamePortAfterKill9); here it only lengthens the outage.
 			t.Logf("restart: %d attempts failed with \"address already in use\"; outage %.1f s instead of 1 s",
@@ -296,8 +296,8 @@ func runCrashCase(t *testing.T, b *harness.Broker, tc crashCase) crashResult {
 		}
 	}
 	if pp != nil {
-		t.Logf("proxy metrics after restart:\n%s", pp.metricsText("rebatchproxy_rebatch_entries_total"))
-		res.lastSeqAfter = pp.lastLoggedSequenceID()
+		t.Logf("proxy metrics after restart:\n%s", pp.MetricsText("rebatchproxy_rebatch_entries_total"))
+		res.lastSeqAfter = lastLoggedSequenceID(pp)
 	}
 	t.Logf("%s\n%s", crashHeader, res)
 	return res

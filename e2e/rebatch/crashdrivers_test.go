@@ -54,7 +54,7 @@ func killProxyDuringDriverRun(t *testing.T, b *harness.Broker, d *drivers.Driver
 		t.Fatal(err)
 	}
 	topic := "persistent://" + ns + "/t"
-	pp := startProcProxy(t, b, crashRule(ns, path, "'0', '1', '2'"))
+	pp := harness.StartProcessProxy(t, b, "policies:\n"+crashRule(ns, path, "'0', '1', '2'"))
 	spec := drivers.ProduceSpec{URL: pp.URL(), Topic: topic, Count: n, Batcher: "key-based", KeyMode: "seq", Keys: 50,
 		Properties: "i={i},region={i%5}", BatchDelay: drivers.Int(10), SendTimeout: drivers.Int(0),
 		ProducerName: "crash-" + path, Timeout: 4 * time.Minute}
@@ -80,9 +80,9 @@ func killProxyDuringDriverRun(t *testing.T, b *harness.Broker, d *drivers.Driver
 		}
 		in, _ = b.MessagesIn(ctx, topic)
 	}
-	pp.kill9()
+	pp.Kill9()
 	time.Sleep(time.Second)
-	if fails := pp.startRetrying(90 * time.Second); fails > 0 {
+	if fails := pp.StartRetrying(90 * time.Second); fails > 0 {
 		t.Logf("%s: restart: %d attempts failed with \"address already in use\"", path, fails)
 	}
 	r := <-done
