@@ -71,17 +71,44 @@
 //     the broker's CONNECTED gives its own), corrupt frames and a peer
 //     closing mid-frame end the pair with a logged reason (errors.go). One
 //     bad connection never affects another.
-//  5. Bounded memory (DESIGN contract 7). gnet cannot pause reading, so when
-//     the bytes queued towards one side exceed SoftBufferLimit the proxy
-//     stops taking frames from the other side (they stay in gnet's inbound
-//     buffer) and resumes from the ticker once the queue is below half the
-//     limit; when a direction holds more than HardBufferLimit the pair is
-//     closed with ErrBufferLimit. Pulsar's own flow control (producer
-//     pending limits, consumer permits) keeps well-behaved clients far below.
-//     A ProducerPath that reports a backlog (Backlogger) stops the proxy
-//     taking the client's frames at the next frame boundary (a frame being
-//     cut through is finished first); receipts and ticks resume it. Held
-//     frames (contract 8) add at most HardBufferLimit per direction.
+//  5. Bounded memory and backpressure (DESIGN contract 7). A direction
+//     whose receiver is slow slows its sender, as a direct connection
+//     would, whatever the sender's own window: when more than
+//     SoftBufferLimit bytes are queued towards one side, the proxy stops
+//     taking frames from the other side and parks that side's socket
+//     (sock.go). gnet reads every socket on its loop and cannot pause one,
+//     so parking takes the socket off the loop: the session keeps a
+//     duplicate of its descriptor and closes the gnet conn (gnet closes
+//     only its own descriptor; the socket lives on). Nobody reads a parked
+//     socket, its receive buffer fills and TCP closes the sender's window:
+//     a producer's writes block as on a slow broker, a broker stops writing
+//     to a consumer that does not read. Frames the proxy writes towards a
+//     parked socket go straight to its descriptor (what it does not take
+//     waits, bounded by the limits below, and is retried on ticks). Once
+//     the queue is under half the limit the socket is enrolled on the same
+//     loop again (EventLoop.Enroll) and the bytes gnet had read but the
+//     session had not consumed are taken first. A producer path reporting
+//     a backlog (Backlogger: receipts outstanding) parks the client the
+//     same way until receipts bring it down. A pair paused or parked is
+//     not idle (contract 6).
+//     Limits of the mechanism: a socket with bytes queued for it in gnet
+//     cannot be parked (gnet's close writes them once and drops the rest),
+//     so a side that neither reads nor stops sending cannot be slowed; its
+//     frames then wait in gnet's inbound buffer, and when a direction holds
+//     more than HardBufferLimit the pair is closed with ErrBufferLimit, the
+//     log line saying it is the last resort. Each park and return costs a
+//     few system calls (dup, close, enroll); the pause thresholds are half
+//     a limit apart, so a steadily slow side parks about once per half
+//     limit drained. Peer closes are seen only once a parked socket is read
+//     again.
+//     Memory budget: the bytes all sessions hold (unread input, queued
+//     output, frames held behind a cut-through frame) are summed
+//     (publishHeld, one atomic add per OnTraffic that changed them); while
+//     the sum is above MemoryBudget, every direction's soft limit drops to
+//     256 KiB, so slow sides are slowed harder and fast ones, whose queues
+//     are empty, are unaffected. The process holds at most the budget plus
+//     256 KiB, a read and a frame per direction. Held frames (contract 8)
+//     add at most HardBufferLimit per direction.
 //     Lookups: at most MaxConnectionLookups in flight from one connection
 //     and MaxConcurrentLookups in all; the excess is answered
 //     TooManyRequests, the connection's own bound first, so a client
@@ -89,7 +116,8 @@
 //     repeated log event of a connection (a refused lookup) takes at most
 //     one line per 10 s, carrying the count suppressed since (lograte.go).
 //  6. Timeouts. Broker dial: ConnectTimeout. Accept to CONNECTED relayed:
-//     HandshakeTimeout. No traffic either way: IdleTimeout. gnet has no
+//     HandshakeTimeout. No traffic either way (and no direction held by
+//     backpressure): IdleTimeout. gnet has no
 //     deadlines; OnTick checks a coarse clock and asks the loop to close.
 //     Closing either side closes the other after flushing what was queued.
 //  7. Hot path. Per forwarded frame: the wire.ReadFrame header walk (or
@@ -118,7 +146,8 @@
 // # Goroutines
 //
 // Server methods say which goroutine may call them. A session is owned by
-// its client's event loop; the ticker goroutine reads only its atomic
+// its client's event loop (both of its sockets, parked or not, are served
+// there; a parked socket returns to that loop); the ticker goroutine reads only its atomic
 // fields and hands work to the loop with EventLoop.Execute. The dial
 // goroutine writes brokerAddr before Enroll, which publishes it to the
 // loop. ProducerPath methods run on the loop. A followed lookup redirect
