@@ -4,7 +4,10 @@ package proxy
 // the session's loop unless said otherwise.
 
 // budgetSoftLimit is the soft limit of every direction while the process
-// holds more than Config.MemoryBudget: a direction with more than this
+// holds more than half of Config.MemoryBudget (the other half is headroom
+// for the garbage collector, per-connection state and gnet's buffer
+// capacity; cmd/proxy sets Go's memory limit to the budget): a direction
+// with more than this
 // queued towards a slow side pauses (and parks its source) until the
 // server is back under budget or its own queue drained.
 const budgetSoftLimit = 256 << 10
@@ -12,7 +15,7 @@ const budgetSoftLimit = 256 << 10
 // softLimit is the queue towards a side beyond which the proxy stops
 // taking frames for it from the other side.
 func (s *session) softLimit() int {
-	if b := s.srv.cfg.MemoryBudget; b > 0 && s.srv.held.Load() > int64(b) {
+	if b := s.srv.cfg.MemoryBudget; b > 0 && s.srv.held.Load() > int64(b/2) {
 		return min(budgetSoftLimit, s.srv.cfg.SoftBufferLimit)
 	}
 	return s.srv.cfg.SoftBufferLimit

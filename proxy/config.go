@@ -41,11 +41,14 @@ type Config struct {
 	// SoftBufferLimit: when the bytes queued towards one side exceed it,
 	// the proxy stops taking frames from the other side until they drain.
 	SoftBufferLimit int
-	// MemoryBudget bounds the bytes all connections together hold in the
-	// proxy (unread input and output queued towards slow sides). Above it,
-	// every direction pauses once 256 KiB are queued towards its receiver
-	// (instead of SoftBufferLimit), so the slow ones are slowed harder and
-	// the fast ones, whose queues stay empty, go on. 0 disables it.
+	// MemoryBudget is the proxy's memory target. Half of it bounds the bytes
+	// all connections together hold (unread input and output queued towards
+	// slow sides): above that, every direction pauses once 256 KiB are
+	// queued towards its receiver (instead of SoftBufferLimit), so the slow
+	// ones are slowed harder and the fast ones, whose queues stay empty, go
+	// on. The other half is headroom for garbage not yet collected and
+	// per-connection state (cmd/proxy sets Go's memory limit to the budget).
+	// 0 disables it.
 	MemoryBudget int
 	// HardBufferLimit: when the bytes held for one direction (unread input
 	// plus queued output) exceed it, the pair is closed with a logged reason.

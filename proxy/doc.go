@@ -104,10 +104,12 @@
 //     Memory budget: the bytes all sessions hold (unread input, queued
 //     output, frames held behind a cut-through frame) are summed
 //     (publishHeld, one atomic add per OnTraffic that changed them); while
-//     the sum is above MemoryBudget, every direction's soft limit drops to
-//     256 KiB, so slow sides are slowed harder and fast ones, whose queues
-//     are empty, are unaffected. The process holds at most the budget plus
-//     256 KiB, a read and a frame per direction. Held frames (contract 8)
+//     the sum is above half of MemoryBudget, every direction's soft limit
+//     drops to 256 KiB, so slow sides are slowed harder and fast ones,
+//     whose queues are empty, are unaffected. Connections then hold at most
+//     half the budget plus 256 KiB, a read and a frame per direction; the
+//     other half is headroom for garbage not yet collected (cmd/proxy sets
+//     Go's memory limit to the budget). Held frames (contract 8)
 //     add at most HardBufferLimit per direction.
 //     Lookups: at most MaxConnectionLookups in flight from one connection
 //     and MaxConcurrentLookups in all; the excess is answered

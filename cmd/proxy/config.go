@@ -66,7 +66,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	o.hardLimit = byteSize(d.HardBufferLimit)
 	fs.Var(&o.hardLimit, "hard-buffer-limit", "bytes held for one direction after which the connection pair is closed with a logged reason (>= soft + max message size + 10KiB)")
 	o.memoryBudget = byteSize(d.MemoryBudget)
-	fs.Var(&o.memoryBudget, "memory-budget", "bytes all connections together may hold (unread input, output queued towards slow sides); above it every direction pauses at 256KiB queued, slowing the slow sides harder; also sets Go's memory limit to this + 128MiB unless GOMEMLIMIT is set (0 = no budget)")
+	fs.Var(&o.memoryBudget, "memory-budget", "the proxy's memory target: half of it bounds the bytes all connections together hold (unread input, output queued towards slow sides; above that every direction pauses at 256KiB queued, slowing the slow sides harder), the rest is headroom for garbage collection; also Go's memory limit unless GOMEMLIMIT is set (0 = no budget)")
 	fs.IntVar(&o.maxLookups, "max-concurrent-lookups", d.MaxConcurrentLookups, "LOOKUP and PARTITIONED_METADATA requests in flight at once; excess ones get TooManyRequests")
 	fs.IntVar(&o.maxConnLookups, "max-connection-lookups", d.MaxConnectionLookups, "LOOKUP and PARTITIONED_METADATA requests in flight at once from one client connection (within max-concurrent-lookups); its excess ones get TooManyRequests, so one client's flood is not refused to others")
 	fs.IntVar(&o.maxRedirects, "max-lookup-redirects", d.MaxLookupRedirects, "lookup redirects the proxy follows itself, asking each named broker as the client, before answering the client ServiceNotReady; 0 relays redirects to the client instead (the default is the Java client's maxLookupRedirects)")

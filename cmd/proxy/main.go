@@ -27,10 +27,6 @@ import (
 	"github.com/rebatchproxy/rebatchproxy/route"
 )
 
-// memoryLimitOverhead is what the Go memory limit allows above the memory budget: the
-// runtime, the metrics, per-connection state and gnet's read buffers.
-const memoryLimitOverhead = 128 << 20
-
 func main() {
 	os.Exit(run(os.Args[1:]))
 }
@@ -56,9 +52,10 @@ func run(args []string) int {
 	}
 	cfg.Logger = log
 	if cfg.MemoryBudget > 0 && os.Getenv("GOMEMLIMIT") == "" {
-		// The budget bounds what connections hold; the runtime's soft limit keeps the garbage
-		// of bursts (buffers freed, not yet collected) from stacking RSS on top of it.
-		debug.SetMemoryLimit(int64(cfg.MemoryBudget) + memoryLimitOverhead)
+		// Half the budget bounds what connections hold (proxy.Config.MemoryBudget); the
+		// runtime's soft limit at the budget keeps the garbage of bursts (buffers freed, not
+		// yet collected) from stacking RSS on top of it.
+		debug.SetMemoryLimit(int64(cfg.MemoryBudget))
 	}
 	policies := proxy.NewPolicies(o.policies)
 	rm := proxy.NewRebatchMetrics()
