@@ -450,4 +450,3 @@ func stalledConsumers(px *proc, brokerURL string, n, mb int) error {
 	}
 	return nil
 }
-
