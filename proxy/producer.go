@@ -81,6 +81,10 @@ type ConnInfo struct {
 	BrokerAddr string
 	// MaxMessageSize is the broker's limit from CONNECTED (or the default).
 	MaxMessageSize int
+	// NewID allocates an id for a request or producer the path sends to the
+	// broker itself (ids.go: one allocator per connection, above the
+	// client's ids). Called on the connection's event loop.
+	NewID func() uint64
 }
 
 // ProducerPathFactory builds the ProducerPath of a connection once its

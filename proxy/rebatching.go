@@ -107,6 +107,9 @@ func RebatchPaths(policies *Policies, m *RebatchMetrics, chunks *ChunkDedup, log
 		policies = NewPolicies(nil)
 	}
 	return func(info ConnInfo) ProducerPath {
+		if info.NewID == nil { // a path used outside a session (tests) numbers its own
+			info.NewID = new(idAllocator).next
+		}
 		return &rebatchPath{
 			policies: policies, m: m, info: info, chunks: chunks,
 			known:         map[uint64]*prodInfo{},
@@ -177,9 +180,7 @@ type rebatchPath struct {
 	cmd       pulsarpb.BaseCommand
 	out       rebatch.Output
 	deadline  time.Time
-	// nextID numbers the producers and requests the path sends itself, far above the ids
-	// clients count up from 0; swallow holds requests whose answers are the path's.
-	nextID uint64
+	// swallow holds requests of the path's own (newID) whose answers are the path's.
 	// backlogged counts the engines above the backlog watermark (Backlogger).
 	backlogged int
 	swallow    map[uint64]struct{}
@@ -250,13 +251,9 @@ type tagEvent struct {
 
 const maxRetired = 4096
 
-// ownIDBase is where the ids of the path's own producers and requests start.
-const ownIDBase = 1 << 62
-
-func (r *rebatchPath) newID() uint64 {
-	r.nextID++
-	return ownIDBase + r.nextID
-}
+// newID returns an id for a producer or request of the path's own, from the
+// connection's allocator (ids.go).
+func (r *rebatchPath) newID() uint64 { return r.info.NewID() }
 
 func (r *rebatchPath) FromClient(f wire.Frame, out Outputs) (Verdict, error) {
 	switch f.Type() {
@@ -381,7 +378,7 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 			return Forward, nil
 		}
 		ps := r.cmd.GetProducerSuccess()
-		if ps.GetRequestId() >= ownIDBase {
+		if isOwnID(ps.GetRequestId()) {
 			return Consumed, r.laneOpened(ps, out)
 		}
 		if pid, ok := r.requests[ps.GetRequestId()]; ok && ps.GetProducerReady() {
@@ -530,7 +527,7 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 		} else {
 			req = r.cmd.GetError().GetRequestId()
 		}
-		if req < ownIDBase {
+		if !isOwnID(req) {
 			if f.Type() == pulsarpb.BaseCommand_ERROR {
 				// A refused PRODUCER: forget the request.
 				delete(r.requests, req)
@@ -561,7 +558,7 @@ func (r *rebatchPath) writeOut(out Outputs) {
 // unknown says what to do with a broker frame about a producer no engine has: drop it if it
 // names a retired bucket producer (the client never knew it), forward it otherwise.
 func (r *rebatchPath) unknown(id uint64) Verdict {
-	if _, ok := r.retired[id]; ok || id >= ownIDBase {
+	if _, ok := r.retired[id]; ok || isOwnID(id) {
 		return Consumed
 	}
 	return Forward

@@ -84,6 +84,7 @@ type session struct {
 	cmd            pulsarpb.BaseCommand
 	scratch        []byte
 	producers      map[uint64]string // producer id -> topic, for logs
+	ids            idAllocator       // the ids of the proxy's own requests (ids.go)
 	clientGone     bool              // the client closed; the broker side drains chunk receipts
 	timer          *time.Timer       // fires tickAsync at the path's deadline
 	timerAt        int64             // when timer is armed for (unix ns), 0 = not armed
@@ -890,7 +891,8 @@ func (s *session) onConnected(f wire.Frame) (frameAction, error) {
 	}
 	s.state = stEstablished
 	s.handshakeDeadline.Store(0)
-	s.path = s.srv.cfg.ProducerPaths(ConnInfo{ID: s.id, ClientAddr: s.clientAddr, BrokerAddr: s.brokerAddr, MaxMessageSize: s.maxMsg})
+	s.path = s.srv.cfg.ProducerPaths(ConnInfo{ID: s.id, ClientAddr: s.clientAddr, BrokerAddr: s.brokerAddr, MaxMessageSize: s.maxMsg,
+		NewID: s.ids.next})
 	s.backlog, _ = s.path.(Backlogger)
 	s.logger().Debug("connected", "server_version", s.cmd.GetConnected().GetServerVersion(),
 		"protocol_version", s.cmd.GetConnected().GetProtocolVersion(), "max_message_size", s.maxMsg)
@@ -1064,9 +1066,8 @@ func (s *session) onClose(e *end, k *sock, err error) {
 		// Consumers must not stay subscribed for a client that left (Exclusive and Failover
 		// subscriptions would refuse its reconnect): close them on the broker now.
 		var buf []byte
-		req := uint64(1) << 62
 		for id := range s.consumers {
-			req++
+			req := s.ids.next()
 			buf, _ = wire.AppendCommandFrame(buf, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_CONSUMER.Enum(),
 				CloseConsumer: &pulsarpb.CommandCloseConsumer{ConsumerId: proto.Uint64(id), RequestId: proto.Uint64(req)}})
 		}
