@@ -51,24 +51,17 @@ func (s *session) pause(d direction) {
 // the session cannot go without reading it.
 func (s *session) parkSource(d direction) {
 	src := s.source(d)
-	if src == nil || s.state != stEstablished || s.clientGone || src.mode != onLoop {
+	if src == nil || s.state != stEstablished || s.clientGone {
 		return
 	}
-	src.park()
+	src.Park()
 }
 
 // unparkSource brings the source of direction d back to the loop (or, if
 // it never left, wakes it for the frames it holds).
 func (s *session) unparkSource(d direction) {
-	src := s.source(d)
-	if src == nil {
-		return
-	}
-	switch src.mode {
-	case leaving, offLoop:
-		src.unpark()
-	case onLoop:
-		src.Wake()
+	if src := s.source(d); src != nil {
+		src.Unpark()
 	}
 }
 
@@ -90,11 +83,11 @@ func (s *session) noteOffLoop(delta int32) {
 // parked sockets and retries the park of paused directions whose source
 // could not leave the loop yet. It reports an error that closes the pair.
 func (s *session) tendParked() error {
-	for _, k := range [2]*sock{s.client, s.broker} {
+	for _, k := range [2]side{s.client, s.broker} {
 		if k == nil {
 			continue
 		}
-		if err := k.flushOut(); err != nil {
+		if err := k.FlushOut(); err != nil {
 			return err
 		}
 	}

@@ -10,7 +10,6 @@ import (
 	"net"
 	"time"
 
-	"github.com/panjf2000/gnet/v2"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rebatchproxy/rebatchproxy/wire"
@@ -163,10 +162,7 @@ func (s *session) takeRedirect(f wire.Frame) (bool, error) {
 	start := time.Now()
 	go func() {
 		out := fl.run()
-		e := s.loop.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-			s.finishFollow(p, out, time.Since(start))
-			return nil
-		}))
+		e := s.exec.run(func() { s.finishFollow(p, out, time.Since(start)) })
 		if e != nil {
 			// The engine is stopping: the session's close releases the slot.
 			s.srv.log.Debug("lookup redirect outcome dropped", "conn", s.id, "err", e)

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rebatchproxy/rebatchproxy/chunkdedup"
+	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
 )
 
 // Server is the proxy: one gnet engine serving clients, with each client's
@@ -44,8 +45,11 @@ type Server struct {
 	nextID    atomic.Uint64
 	now       atomic.Int64 // coarse clock (unix ns), refreshed by OnTick
 	npaused   atomic.Int64 // sessions with a paused direction
-	noffLoop  atomic.Int64 // sessions with a socket off the loop
-	held      atomic.Int64 // bytes all sessions hold (the memory budget's measure)
+	// dialBroker starts connecting a session to its broker (the gnet
+	// transport's dialGnet; core specs put their own). Called on the loop.
+	dialBroker func(s *session, targets []string)
+	noffLoop   atomic.Int64 // sessions with a socket off the loop
+	held       atomic.Int64 // bytes all sessions hold (the memory budget's measure)
 }
 
 // tickInterval is how often timeouts are checked; pausedTick is used while
@@ -76,6 +80,7 @@ func New(cfg Config) (*Server, error) {
 		booted: make(chan struct{}),
 	}
 	s.m.knownBrokers = s.known.count
+	s.dialBroker = s.dialGnet
 	s.m.held = s.held.Load
 	s.m.budget = int64(cfg.MemoryBudget)
 	s.now.Store(time.Now().UnixNano())
@@ -210,10 +215,15 @@ func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
 // is their session end).
 func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	if e, ok := c.Context().(*end); ok {
-		if k := e.sock(); k != nil && k.mode == returning {
+		if k, _ := e.side().(*sock); k != nil && k.mode == returning {
 			return k.onReturn(c) // a parked socket back on the loop
 		}
-		return e.s.onBrokerOpen(c)
+		c.SetContext(e)
+		out, ok := e.s.onBrokerOpen(newSock(e, c))
+		if !ok {
+			return nil, gnet.Close
+		}
+		return out, gnet.None
 	}
 	s.m.connsTotal[0].Add(1)
 	s.m.connsOpen[0].Add(1)
@@ -221,7 +231,8 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		c.SetContext(nil)
 		return nil, gnet.Close
 	}
-	ss := newSession(s, c)
+	ss := newSession(s, gnetExec{c.EventLoop()}, c.RemoteAddr().String())
+	ss.client = newSock(&ss.clientEnd, c)
 	c.SetContext(&ss.clientEnd)
 	s.sessions.Store(ss, struct{}{})
 	s.nsessions.Add(1)
@@ -248,7 +259,14 @@ func (s *Server) OnTraffic(c gnet.Conn) (action gnet.Action) {
 			action = gnet.Close
 		}
 	}()
-	return e.s.onTraffic(e, c)
+	if k, _ := e.side().(*sock); k == nil || k.c != c || e.s.state == stClosed {
+		_, _ = c.Discard(-1) // a stale conn, or a session already closed
+		return gnet.None
+	}
+	if e.s.onTraffic(e) == closeSide {
+		return gnet.Close
+	}
+	return gnet.None
 }
 
 // OnClose implements gnet.EventHandler; it runs on the connection's loop.
@@ -258,7 +276,7 @@ func (s *Server) OnClose(c gnet.Conn, err error) gnet.Action {
 		s.m.connsOpen[0].Add(-1)
 		return gnet.None
 	}
-	k := e.sock()
+	k, _ := e.side().(*sock)
 	switch {
 	case k != nil && k.onGnetClose(c):
 		// A socket leaving the loop to be parked; the session goes on.
@@ -266,6 +284,7 @@ func (s *Server) OnClose(c gnet.Conn, err error) gnet.Action {
 		s.m.connsOpen[1].Add(-1) // a late dial for a session already closed
 	default:
 		e.s.onClose(e, k, err)
+		k.mode, k.c = gone, nil
 	}
 	return gnet.None
 }
@@ -306,6 +325,50 @@ func (s *Server) OnTick() (time.Duration, gnet.Action) {
 	// A producer path's deadline (a batch's max delay) sets the pace, down to
 	// minTick so a flood of deadlines cannot spin the ticker.
 	return time.Duration(max(next, int64(minTick))), gnet.None
+}
+
+// dialGnet connects s to the first reachable target and enrolls the
+// connection on the client's event loop, whose OnOpen hands it to the
+// session (onBrokerOpen). Called on the loop; dials on a goroutine of its own.
+func (srv *Server) dialGnet(s *session, targets []string) {
+	el := s.client.(*sock).loop
+	go srv.dialAndEnroll(s, el, targets)
+}
+
+func (srv *Server) dialAndEnroll(s *session, el gnet.EventLoop, targets []string) {
+	d := net.Dialer{Timeout: srv.cfg.ConnectTimeout}
+	var nc net.Conn
+	var err error
+	for _, a := range targets {
+		if nc, err = d.Dial("tcp", a); err == nil {
+			s.brokerAddr = a
+			break
+		}
+	}
+	if err == nil {
+		var ch <-chan gnet.RegisteredResult
+		ch, err = el.Enroll(gnet.NewContext(context.Background(), &s.brokerEnd), nc)
+		if err == nil {
+			if res := <-ch; res.Err != nil {
+				err = res.Err
+			}
+		} else {
+			_ = nc.Close()
+		}
+	}
+	if err == nil {
+		return
+	}
+	derr := fmt.Errorf("%w: %v", ErrBrokerUnreachable, err)
+	_ = s.exec.run(func() {
+		if s.state != stDialing {
+			return
+		}
+		if s.reason == nil {
+			s.reason = derr
+		}
+		s.refuse(pulsarpb.ServerError_ServiceNotReady, "Unable to connect to the broker")
+	})
 }
 
 // gnetLogger sends gnet's own log lines to slog (gnet info lines at debug).

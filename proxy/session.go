@@ -7,14 +7,11 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"net"
 	"runtime/debug"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
-
-	"github.com/panjf2000/gnet/v2"
 
 	"github.com/rebatchproxy/rebatchproxy/wire"
 	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
@@ -32,7 +29,7 @@ const (
 
 var stateNames = [...]string{"await_connect", "dialing", "handshake", "established", "closed"}
 
-// end is one side of a session; a gnet conn's context points to it.
+// end is one side of a session; a transport's connection context points to it.
 type end struct {
 	s   *session
 	dir direction // direction of the frames read on this side
@@ -43,8 +40,8 @@ type session struct {
 	srv        *Server
 	id         uint64
 	shard      uint32
-	loop       gnet.EventLoop // the client's loop; the broker's conn is enrolled on it
-	client     *sock          // immutable pointer after newSession
+	exec       executor // runs tasks on the session's goroutine (the transport's loop)
+	client     side     // immutable after newSession
 	clientAddr string
 	clientEnd  end
 	brokerEnd  end
@@ -66,7 +63,7 @@ type session struct {
 
 	// Loop-owned.
 	state  int
-	broker *sock // nil until the broker conn opens
+	broker side // nil until the broker conn opens
 	// heldPub is the bytes this session held when it last told the server's
 	// memory budget (publishHeld).
 	heldPub      int64
@@ -92,7 +89,7 @@ type session struct {
 
 	// Pump state while a batch of frames is being processed, so Outputs
 	// can flush the pending run of forwarded frames before writing.
-	pumpDst  *sock
+	pumpDst  side
 	pumpBuf  []byte
 	pumpRun  int
 	pumpOff  int
@@ -118,18 +115,19 @@ type session struct {
 	followCancel  context.CancelFunc
 }
 
-func newSession(srv *Server, c gnet.Conn) *session {
+// newSession starts the session of a client accepted by a transport; the
+// transport sets s.client (its side for s.clientEnd) before any input.
+func newSession(srv *Server, exec executor, clientAddr string) *session {
 	s := &session{
 		srv:        srv,
 		id:         srv.nextID.Add(1),
-		loop:       c.EventLoop(),
-		clientAddr: c.RemoteAddr().String(),
+		exec:       exec,
+		clientAddr: clientAddr,
 		maxMsg:     srv.cfg.MaxMessageSize,
 	}
 	s.shard = uint32(s.id)
 	s.clientEnd = end{s: s, dir: toBroker}
 	s.brokerEnd = end{s: s, dir: toClient}
-	s.client = newSock(&s.clientEnd, c)
 	s.hardLimit = srv.cfg.HardBufferLimit
 	now := srv.now.Load()
 	s.lastActive.Store(now)
@@ -146,7 +144,7 @@ func (s *session) logger() *slog.Logger {
 }
 
 // peer returns the connection frames of direction d are written to.
-func (s *session) peer(d direction) *sock {
+func (s *session) peer(d direction) side {
 	if d == toBroker {
 		return s.broker
 	}
@@ -154,19 +152,18 @@ func (s *session) peer(d direction) *sock {
 }
 
 // source returns the connection frames of direction d are read from.
-func (s *session) source(d direction) *sock {
+func (s *session) source(d direction) side {
 	if d == toBroker {
 		return s.client
 	}
 	return s.broker
 }
 
-// onTraffic runs on the loop for data from either side.
-func (s *session) onTraffic(e *end, c gnet.Conn) gnet.Action {
-	k := e.sock()
-	if s.state == stClosed || k == nil || k.c != c {
-		_, _ = c.Discard(-1)
-		return gnet.None
+// onTraffic runs on the loop for input buffered on e's side.
+func (s *session) onTraffic(e *end) action {
+	k := e.side()
+	if s.state == stClosed || k == nil {
+		return keep
 	}
 	s.lastActive.Store(s.srv.now.Load())
 	if s.state == stDialing {
@@ -175,19 +172,19 @@ func (s *session) onTraffic(e *end, c gnet.Conn) gnet.Action {
 		if n := k.InboundBuffered(); n > s.hardLimit {
 			return s.fail(fmt.Errorf("%w: %d bytes buffered while dialling", ErrBufferLimit, n))
 		}
-		return gnet.None
+		return keep
 	}
-	action := s.pump(k, e.dir)
+	act := s.pump(k, e.dir)
 	s.publishHeld()
-	if s.clientGone && action == gnet.None && !s.chunksInFlight() {
+	if s.clientGone && act == keep && !s.chunksInFlight() {
 		s.logger().Debug("chunk receipts drained after the client left")
-		return gnet.Close
+		return closeSide
 	}
-	return action
+	return act
 }
 
-// sock returns the side this end reads from (nil before the broker conn opens).
-func (e *end) sock() *sock {
+// side returns the side this end reads from (nil before the broker conn opens).
+func (e *end) side() side {
 	if e.dir == toBroker {
 		return e.s.client
 	}
@@ -203,11 +200,11 @@ func (s *session) chunksInFlight() bool {
 
 // fail records err as the close reason and returns the action closing the
 // conn whose callback is running; onClose closes the other side.
-func (s *session) fail(err error) gnet.Action {
+func (s *session) fail(err error) action {
 	if s.reason == nil {
 		s.reason = err
 	}
-	return gnet.Close
+	return closeSide
 }
 
 // closeAsync closes the session from any goroutine.
@@ -215,27 +212,26 @@ func (s *session) closeAsync(err error) {
 	if !s.closeQueued.CompareAndSwap(false, true) {
 		return
 	}
-	e := s.loop.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+	e := s.exec.run(func() {
 		s.closeQueued.Store(false)
 		if s.state == stClosed {
-			return nil
+			return
 		}
 		switch {
 		case errors.Is(err, ErrHandshakeTimeout) && s.state == stEstablished:
-			return nil // raced with CONNECTED
+			return // raced with CONNECTED
 		case errors.Is(err, ErrIdleTimeout) && s.srv.now.Load()-s.lastActive.Load() <= int64(s.srv.cfg.IdleTimeout):
-			return nil
+			return
 		}
 		if s.reason == nil {
 			s.reason = err
 		}
 		if s.clientGone && s.broker != nil {
 			s.broker.Close()
-			return nil
+			return
 		}
 		s.client.Close()
-		return nil
-	}))
+	})
 	if e != nil {
 		s.closeQueued.Store(false)
 	}
@@ -247,24 +243,24 @@ func (s *session) resumeAsync() {
 	if !s.taskQueued.CompareAndSwap(false, true) {
 		return
 	}
-	e := s.loop.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+	e := s.exec.run(func() {
 		s.taskQueued.Store(false)
 		if s.state == stClosed {
-			return nil
+			return
 		}
 		if err := s.tendParked(); err != nil {
 			if s.reason == nil {
 				s.reason = err
 			}
 			s.client.Close()
-			return nil
+			return
 		}
 		for d := toBroker; d <= toClient; d++ {
 			if !s.paused[d] {
 				continue
 			}
 			dst, src := s.peer(d), s.source(d)
-			if dst == nil || src == nil || (dst.mode != gone && dst.OutboundBuffered() > s.softLimit()/2) {
+			if dst == nil || src == nil || (!dst.Gone() && dst.OutboundBuffered() > s.softLimit()/2) {
 				continue
 			}
 			s.setPaused(d, false)
@@ -274,8 +270,7 @@ func (s *session) resumeAsync() {
 			s.unparkSource(d)
 		}
 		s.publishHeld()
-		return nil
-	}))
+	})
 	if e != nil {
 		s.taskQueued.Store(false)
 	}
@@ -326,11 +321,11 @@ const (
 // pump reads every complete frame buffered on src, forwards the original
 // bytes of untouched frames to the peer in one write per run, and hands
 // the rest to onFrame. Runs on the loop.
-func (s *session) pump(src *sock, d direction) gnet.Action {
+func (s *session) pump(src side, d direction) action {
 	avail := src.InboundBuffered()
 	dst := s.peer(d)
 	if avail == 0 {
-		return gnet.None
+		return keep
 	}
 	if s.through[d] > 0 {
 		if dst != nil && dst.OutboundBuffered() > s.softLimit() {
@@ -341,7 +336,7 @@ func (s *session) pump(src *sock, d direction) gnet.Action {
 			return s.fail(err)
 		}
 		if avail = src.InboundBuffered(); avail == 0 {
-			return gnet.None
+			return keep
 		}
 	}
 	if d == toBroker && s.backlog != nil && s.backlog.Backlogged() {
@@ -362,7 +357,7 @@ func (s *session) pump(src *sock, d direction) gnet.Action {
 	}
 	s.pumpDst, s.pumpBuf, s.pumpRun, s.pumpOff, s.pumpDir, s.pumpFail = dst, buf, 0, 0, d, nil
 	s.need[d] = 0
-	action := gnet.None
+	ret := keep
 loop:
 	for s.pumpOff < len(buf) {
 		f, n, err := wire.ReadFrame(buf[s.pumpOff:], s.maxMsg)
@@ -374,7 +369,7 @@ loop:
 			break
 		}
 		if err != nil {
-			action = s.fail(fmt.Errorf("%s from %s: %w", frameDesc(buf[s.pumpOff:]), sideName(d), err))
+			ret = s.fail(fmt.Errorf("%s from %s: %w", frameDesc(buf[s.pumpOff:]), sideName(d), err))
 			break
 		}
 		s.srv.m.countFrame(s.shard, d, f.Type(), n)
@@ -383,7 +378,7 @@ loop:
 			err = s.pumpFail
 		}
 		if err != nil {
-			action = s.fail(err)
+			ret = s.fail(err)
 			break
 		}
 		// Withhold the client's next frames while receipts catch up (Backlogger).
@@ -406,27 +401,27 @@ loop:
 			break loop
 		}
 		if s.pumpFail != nil {
-			action = s.fail(s.pumpFail)
+			ret = s.fail(s.pumpFail)
 			break
 		}
 	}
-	if action == gnet.None {
+	if ret == keep {
 		s.flushRun()
 		if s.pumpFail != nil {
-			action = s.fail(s.pumpFail)
+			ret = s.fail(s.pumpFail)
 		}
 	}
 	if s.pumpOff > 0 { // gnet's Discard(0) discards everything
 		src.Discard(s.pumpOff)
 	}
 	s.pumpBuf, s.pumpDst = nil, nil
-	if d == toClient && action == gnet.None {
+	if d == toClient && ret == keep {
 		s.resumeClient()
 	}
-	if action == gnet.None && s.state != stClosed {
+	if ret == keep && s.state != stClosed {
 		return s.checkHard(src, s.peer(d), d, src.InboundBuffered())
 	}
-	return action
+	return ret
 }
 
 // cutThrough decides whether the incomplete frame at the start of b goes
@@ -486,7 +481,7 @@ const maxKeptHeld = 1 << 20
 // passThrough forwards the next k bytes of a cut-through frame from src to
 // dst straight from gnet's read buffer, and releases the frames held while
 // it was open once its last byte is out. Runs on the loop.
-func (s *session) passThrough(src, dst *sock, d direction, k int) error {
+func (s *session) passThrough(src, dst side, d direction, k int) error {
 	buf, err := src.Peek(k)
 	if err != nil {
 		return err
@@ -530,7 +525,7 @@ func (s *session) flushRun() {
 }
 
 // checkHard closes the pair when one direction holds too many bytes.
-func (s *session) checkHard(src, dst *sock, d direction, inbound int) gnet.Action {
+func (s *session) checkHard(src, dst side, d direction, inbound int) action {
 	held := inbound
 	if dst != nil {
 		held += dst.OutboundBuffered()
@@ -539,7 +534,7 @@ func (s *session) checkHard(src, dst *sock, d direction, inbound int) gnet.Actio
 		return s.fail(fmt.Errorf("%w: %d bytes held %s (limit %d); the %s side is not reading and the %s side could not be slowed (it does not read what it is sent either), so closing is the last resort",
 			ErrBufferLimit, held, d, s.hardLimit, peerSideName(d), sideName(d)))
 	}
-	return gnet.None
+	return keep
 }
 
 // ToBroker implements Outputs.
@@ -728,11 +723,11 @@ func (s *session) tickAsync() {
 	if !s.tickQueued.CompareAndSwap(false, true) {
 		return
 	}
-	e := s.loop.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+	e := s.exec.run(func() {
 		s.tickQueued.Store(false)
 		s.timerAt = 0
 		if s.state != stEstablished || s.path == nil {
-			return nil
+			return
 		}
 		defer s.recoverAndClose()
 		s.pumpFail = nil
@@ -748,8 +743,7 @@ func (s *session) tickAsync() {
 			}
 			s.client.Close()
 		}
-		return nil
-	}))
+	})
 	if e != nil {
 		s.tickQueued.Store(false)
 	}
@@ -794,7 +788,7 @@ func (s *session) onConnect(f wire.Frame) (frameAction, error) {
 			"auth_method", c.GetAuthMethodName(), "proxy_to_broker_url", u, "targets", targets)
 	}
 	s.state = stDialing
-	go s.dial(targets)
+	s.srv.dialBroker(s, targets)
 	return actStop, nil
 }
 
@@ -814,57 +808,19 @@ func (s *session) refuse(code pulsarpb.ServerError, msg string) {
 	s.client.Close()
 }
 
-// dial connects to the first reachable target and enrolls the connection
-// on the client's event loop. It runs on its own goroutine.
-func (s *session) dial(targets []string) {
-	d := net.Dialer{Timeout: s.srv.cfg.ConnectTimeout}
-	var nc net.Conn
-	var err error
-	for _, a := range targets {
-		if nc, err = d.Dial("tcp", a); err == nil {
-			s.brokerAddr = a
-			break
-		}
-	}
-	el := s.loop
-	if err == nil {
-		var ch <-chan gnet.RegisteredResult
-		ch, err = el.Enroll(gnet.NewContext(context.Background(), &s.brokerEnd), nc)
-		if err == nil {
-			if res := <-ch; res.Err != nil {
-				err = res.Err
-			}
-		} else {
-			_ = nc.Close()
-		}
-	}
-	if err == nil {
-		return
-	}
-	derr := fmt.Errorf("%w: %v", ErrBrokerUnreachable, err)
-	_ = el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-		if s.state != stDialing {
-			return nil
-		}
-		if s.reason == nil {
-			s.reason = derr
-		}
-		s.refuse(pulsarpb.ServerError_ServiceNotReady, "Unable to connect to the broker")
-		return nil
-	}))
-}
-
-// onBrokerOpen runs on the loop when the enrolled broker conn is ready.
-func (s *session) onBrokerOpen(c gnet.Conn) ([]byte, gnet.Action) {
+// onBrokerOpen runs on the loop when the transport's broker connection is
+// ready; b is its side for s.brokerEnd. It returns the bytes to write to it
+// first (the CONNECT), or ok false if the session no longer wants it (the
+// transport then closes it).
+func (s *session) onBrokerOpen(b side) (out []byte, ok bool) {
 	s.srv.m.connsTotal[1].Add(1)
 	s.srv.m.connsOpen[1].Add(1)
-	c.SetContext(&s.brokerEnd)
 	if s.state != stDialing {
-		return nil, gnet.Close
+		return nil, false
 	}
-	s.broker = newSock(&s.brokerEnd, c)
+	s.broker = b
 	s.state = stHandshake
-	out := s.connectFrame
+	out = s.connectFrame
 	s.connectFrame = nil
 	if t, ok := frameType(out); ok {
 		s.srv.m.countFrame(s.shard, toBroker, t, len(out))
@@ -872,7 +828,7 @@ func (s *session) onBrokerOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	if s.client.InboundBuffered() > 0 {
 		s.client.Wake()
 	}
-	return out, gnet.None
+	return out, true
 }
 
 // onConnected relays CONNECTED and switches to forwarding. The broker's
@@ -1046,9 +1002,8 @@ func (s *session) noteSendError(f wire.Frame) {
 
 // onClose runs on the loop when either side closes for good (gnet's
 // OnClose of its conn, or the close of a parked socket); it closes the other.
-func (s *session) onClose(e *end, k *sock, err error) {
+func (s *session) onClose(e *end, k side, err error) {
 	s.srv.m.connsOpen[e.dir].Add(-1) // end toBroker reads the client (side 0)
-	defer func() { k.mode, k.c = gone, nil }()
 	if s.state == stClosed {
 		return
 	}

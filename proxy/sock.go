@@ -34,7 +34,8 @@ import (
 // Every method runs on the session's loop.
 type sock struct {
 	e    *end
-	c    gnet.Conn // the conn on the loop; nil while the socket is off it
+	c    gnet.Conn      // the conn on the loop; nil while the socket is off it
+	loop gnet.EventLoop // the session's loop, where it returns after parking
 	mode sockMode
 	fd   int // the session's descriptor of the socket while not onLoop, else -1
 	// pre holds bytes read before parking and not yet consumed; they come
@@ -60,7 +61,10 @@ const (
 	gone                      // closed for good
 )
 
-func newSock(e *end, c gnet.Conn) *sock { return &sock{e: e, c: c, fd: -1} }
+func newSock(e *end, c gnet.Conn) *sock { return &sock{e: e, c: c, loop: c.EventLoop(), fd: -1} }
+
+// Gone reports whether the socket is closed for good.
+func (k *sock) Gone() bool { return k.mode == gone }
 
 // readable reports whether c's inbound buffer belongs to the session.
 func (k *sock) readable() bool { return k.c != nil && (k.mode == onLoop || k.mode == leaving) }
@@ -132,8 +136,8 @@ func (k *sock) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// flushOut writes what waits in outq while the socket is off the loop.
-func (k *sock) flushOut() error {
+// FlushOut writes what waits in outq while the socket is off the loop.
+func (k *sock) FlushOut() error {
 	if len(k.outq) == 0 || k.fd < 0 {
 		return nil
 	}
@@ -186,6 +190,16 @@ func (k *sock) finish(err error) {
 	k.e.s.onClose(k.e, k, err)
 }
 
+// gnetExec is the executor of a session on a gnet loop.
+type gnetExec struct{ el gnet.EventLoop }
+
+func (g gnetExec) run(f func()) error {
+	return g.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		f()
+		return nil
+	}))
+}
+
 func (k *sock) closeFd() {
 	if k.fd >= 0 {
 		_ = unix.Close(k.fd)
@@ -194,9 +208,9 @@ func (k *sock) closeFd() {
 	}
 }
 
-// park takes the socket off the loop. It reports false, changing nothing,
+// Park takes the socket off the loop. It reports false, changing nothing,
 // when it cannot: not on the loop, or gnet still has bytes queued for it.
-func (k *sock) park() bool {
+func (k *sock) Park() bool {
 	if k.mode != onLoop || k.c.OutboundBuffered() > 0 {
 		return false
 	}
@@ -233,15 +247,19 @@ func (k *sock) onGnetClose(c gnet.Conn) bool {
 	case k.closeWanted:
 		k.finish(nil)
 	case k.backWanted:
-		k.unpark()
+		k.Unpark()
 	}
 	return true
 }
 
-// unpark enrolls the socket on the session's loop again; OnOpen completes
+// Unpark enrolls the socket on the session's loop again; OnOpen completes
 // it (onReturn). While the enrolment is under way writes still go to fd.
-func (k *sock) unpark() {
+// On a socket that is on the loop it is Wake.
+func (k *sock) Unpark() {
 	switch k.mode {
+	case onLoop:
+		k.Wake()
+		return
 	case leaving:
 		k.backWanted = true
 		return
@@ -268,7 +286,7 @@ func (k *sock) enroll() error {
 		return err
 	}
 	s := k.e.s
-	ch, err := s.loop.Enroll(gnet.NewContext(context.Background(), k.e), nc)
+	ch, err := k.loop.Enroll(gnet.NewContext(context.Background(), k.e), nc)
 	if err != nil {
 		_ = nc.Close()
 		return err
@@ -278,13 +296,12 @@ func (k *sock) enroll() error {
 		if res.Err == nil {
 			return
 		}
-		_ = s.loop.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		_ = s.exec.run(func() {
 			if k.mode == returning {
 				k.mode = offLoop
 				k.finish(fmt.Errorf("%w: returning a parked %s socket to the loop: %v", ErrInternal, sideName(k.e.dir), res.Err))
 			}
-			return nil
-		}))
+		})
 	}()
 	return nil
 }
