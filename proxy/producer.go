@@ -85,6 +85,8 @@ type ConnInfo struct {
 	// broker itself (ids.go: one allocator per connection, above the
 	// client's ids). Called on the connection's event loop.
 	NewID func() uint64
+	// Now is the connection's clock (time.Now unless a test injects one).
+	Now func() time.Time
 }
 
 // ProducerPathFactory builds the ProducerPath of a connection once its

@@ -110,6 +110,9 @@ func RebatchPaths(policies *Policies, m *RebatchMetrics, chunks *ChunkDedup, log
 		if info.NewID == nil { // a path used outside a session (tests) numbers its own
 			info.NewID = new(idAllocator).next
 		}
+		if info.Now == nil {
+			info.Now = time.Now
+		}
 		return &rebatchPath{
 			policies: policies, m: m, info: info, chunks: chunks,
 			known:         map[uint64]*prodInfo{},
@@ -303,7 +306,7 @@ func (r *rebatchPath) FromClient(f wire.Frame, out Outputs) (Verdict, error) {
 		case s.IsChunk && r.chunks != nil:
 			return r.chunkSend(e, f, &s, out)
 		}
-		return r.emit(s.ProducerID, e, out, e.p.Send(time.Now(), f, &r.out))
+		return r.emit(s.ProducerID, e, out, e.p.Send(r.info.Now(), f, &r.out))
 	case pulsarpb.BaseCommand_CLOSE_PRODUCER:
 		if err := wire.DecodeCommand(f, &r.cmd); err != nil {
 			return Forward, nil
@@ -405,7 +408,7 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 			hist := r.m.perEntry.WithLabelValues(kind)
 			lat := r.m.latency.WithLabelValues(kind)
 			cfg.OnEntry = func(n int) { hist.Observe(float64(n)) }
-			cfg.OnReceipt = func(t time.Time) { lat.Observe(time.Since(t).Seconds()) }
+			cfg.OnReceipt = func(t time.Time) { lat.Observe(r.info.Now().Sub(t).Seconds()) }
 		}
 		cfg.OnTagged = r.onTagged
 		if pp.policy.MergeProducers {
@@ -468,7 +471,7 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 			}
 			return r.unknown(se.GetProducerId()), nil
 		}
-		if ok, suppressed := r.refusals.allow(time.Now()); ok {
+		if ok, suppressed := r.refusals.allow(r.info.Now()); ok {
 			r.log.Warn("broker refused an entry (logged at most once per 10 s per connection)", "topic", e.topic, "producer_id", se.GetProducerId(),
 				"producer", e.name, "sequence_id", se.GetSequenceId(), "error", se.GetError().String(), "message", se.GetMessage(),
 				"suppressed_since_last", suppressed)
@@ -871,7 +874,7 @@ const chunkPoll = time.Millisecond
 // NextDeadline implements ProducerPath.
 func (r *rebatchPath) NextDeadline() time.Time {
 	if len(r.waiting) > 0 {
-		if poll := time.Now().Add(chunkPoll); r.deadline.IsZero() || poll.Before(r.deadline) {
+		if poll := r.info.Now().Add(chunkPoll); r.deadline.IsZero() || poll.Before(r.deadline) {
 			return poll
 		}
 	}
@@ -944,7 +947,7 @@ func (r *rebatchPath) chunkSend(e *engine, f wire.Frame, s *wire.Send, out Outpu
 // in r.out). It returns the token of the chunk when it is now held for its original's fate:
 // the caller queues it, so that what the client sends after it waits behind it.
 func (r *rebatchPath) sendChunk(e *engine, f wire.Frame, s *wire.Send) (chunkdedup.Token, error) {
-	now := time.Now()
+	now := r.info.Now()
 	var md pulsarpb.MessageMetadata
 	if !f.HasPayload() || wire.DecodeMetadata(f.Metadata(), &md) != nil || md.ChunkId == nil || md.GetNumChunksFromMsg() < 2 {
 		return 0, e.p.Send(now, f, &r.out) // not a chunk the tracker can key
@@ -1116,7 +1119,7 @@ func (r *rebatchPath) releaseQueued(id uint64) {
 		} else if s.IsChunk && r.chunks != nil {
 			tok, err = r.sendChunk(e, f, &s)
 		} else {
-			err = e.p.Send(time.Now(), f, &r.out)
+			err = e.p.Send(r.info.Now(), f, &r.out)
 		}
 		if err != nil && r.deferErr == nil {
 			r.deferErr = fmt.Errorf("producer %d (%q) on %s: %w", id, e.name, e.topic, err)

@@ -44,6 +44,9 @@ type Server struct {
 	nsessions atomic.Int64
 	nextID    atomic.Uint64
 	now       atomic.Int64 // coarse clock (unix ns), refreshed by OnTick
+	// clock is the time source of the server and its sessions (time.Now;
+	// core specs inject their own). Any goroutine may call it.
+	clock func() time.Time
 	npaused   atomic.Int64 // sessions with a paused direction
 	// dialBroker starts connecting a session to its broker (the gnet
 	// transport's dialGnet; core specs put their own). Called on the loop.
@@ -80,10 +83,11 @@ func New(cfg Config) (*Server, error) {
 		booted: make(chan struct{}),
 	}
 	s.m.knownBrokers = s.known.count
+	s.clock = time.Now
 	s.dialBroker = s.dialGnet
 	s.m.held = s.held.Load
 	s.m.budget = int64(cfg.MemoryBudget)
-	s.now.Store(time.Now().UnixNano())
+	s.now.Store(s.clock().UnixNano())
 	return s, nil
 }
 
@@ -293,7 +297,7 @@ func (s *Server) OnClose(c gnet.Conn, err error) gnet.Action {
 // it refreshes the coarse clock and asks the loops (EventLoop.Execute) to
 // time out or resume sessions; it never touches a connection directly.
 func (s *Server) OnTick() (time.Duration, gnet.Action) {
-	now := time.Now().UnixNano()
+	now := s.clock().UnixNano()
 	s.now.Store(now)
 	idle := int64(s.cfg.IdleTimeout)
 	next := int64(tickInterval)

@@ -684,7 +684,7 @@ func (s *session) notePathDeadline() {
 		return // armed early enough already
 	}
 	s.timerAt = ns
-	wait := time.Until(d)
+	wait := d.Sub(s.srv.clock())
 	if s.timer == nil {
 		s.timer = time.AfterFunc(wait, s.onTimer)
 		return
@@ -731,7 +731,7 @@ func (s *session) tickAsync() {
 		}
 		defer s.recoverAndClose()
 		s.pumpFail = nil
-		err := s.path.Tick(time.Now(), s)
+		err := s.path.Tick(s.srv.clock(), s)
 		if err == nil {
 			err = s.pumpFail
 		}
@@ -848,7 +848,7 @@ func (s *session) onConnected(f wire.Frame) (frameAction, error) {
 	s.state = stEstablished
 	s.handshakeDeadline.Store(0)
 	s.path = s.srv.cfg.ProducerPaths(ConnInfo{ID: s.id, ClientAddr: s.clientAddr, BrokerAddr: s.brokerAddr, MaxMessageSize: s.maxMsg,
-		NewID: s.ids.next})
+		NewID: s.ids.next, Now: s.srv.clock})
 	s.backlog, _ = s.path.(Backlogger)
 	s.logger().Debug("connected", "server_version", s.cmd.GetConnected().GetServerVersion(),
 		"protocol_version", s.cmd.GetConnected().GetProtocolVersion(), "max_message_size", s.maxMsg)
