@@ -1,6 +1,9 @@
-// Package proxy is the transparent Pulsar-protocol proxy: gnet event
-// handlers, the per-connection state machine, discovery rewriting and
-// forwarding. The re-batching engine plugs in through ProducerPath.
+// Package proxy is the transparent Pulsar-protocol proxy: the connection
+// core (the per-connection state machine, discovery rewriting, forwarding,
+// backpressure), which sees its connections only as sides (side.go), and
+// its gnet transport (server.go, sock.go). The re-batching engine plugs in
+// through ProducerPath. The core's specs (core_test.go) drive it on byte
+// slices, one per contract below.
 //
 // # Design
 //
