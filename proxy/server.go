@@ -46,8 +46,8 @@ type Server struct {
 	now       atomic.Int64 // coarse clock (unix ns), refreshed by OnTick
 	// clock is the time source of the server and its sessions (time.Now;
 	// core specs inject their own). Any goroutine may call it.
-	clock func() time.Time
-	npaused   atomic.Int64 // sessions with a paused direction
+	clock   func() time.Time
+	npaused atomic.Int64 // sessions with a paused direction
 	// dialBroker starts connecting a session to its broker (the gnet
 	// transport's dialGnet; core specs put their own). Called on the loop.
 	dialBroker func(s *session, targets []string)
