@@ -26,6 +26,9 @@ func (s *session) softLimit() int {
 // through frame. Cheap enough for every OnTraffic (field reads, one atomic
 // add when the figure changed).
 func (s *session) publishHeld() {
+	if s.state == stClosed {
+		return // onClose took the session's bytes off the budget
+	}
 	n := int64(len(s.held[0]) + len(s.held[1]))
 	n += int64(s.client.InboundBuffered() + s.client.OutboundBuffered())
 	if s.broker != nil {

@@ -78,6 +78,17 @@ type Config struct {
 	// ReadBufferCap is gnet's per-loop read buffer size.
 	ReadBufferCap int
 
+	// TLSListen is the host:port of the client-facing TLS listener
+	// (pulsar+ssl:// clients); "" means none. Its sessions run on the
+	// net.Conn transport; brokers are dialled in plaintext.
+	TLSListen string
+	// TLSCertFile and TLSKeyFile are the listener's certificate chain and
+	// key (PEM), required with TLSListen and re-read by Server.ReloadTLS.
+	TLSCertFile, TLSKeyFile string
+	// TLSClientCAFile, when set, makes the TLS listener require a client
+	// certificate signed by one of the PEM certificates in it.
+	TLSClientCAFile string
+
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 	// ProducerPaths builds the producer-path handler of each connection;
@@ -153,8 +164,27 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("event-loops: must be >= 0")
 	case c.ReadBufferCap <= 0:
 		return fmt.Errorf("read-buffer: must be > 0")
+	case c.TLSListen != "" && (c.TLSCertFile == "" || c.TLSKeyFile == ""):
+		return fmt.Errorf("tls-listen: needs tls-cert and tls-key")
+	case c.TLSListen == "" && (c.TLSCertFile != "" || c.TLSClientCAFile != ""):
+		return fmt.Errorf("tls-cert / tls-client-ca: given without tls-listen")
+	}
+	if c.TLSListen != "" {
+		if _, _, err := net.SplitHostPort(c.TLSListen); err != nil {
+			return fmt.Errorf("tls-listen: %q: %v", c.TLSListen, err)
+		}
 	}
 	return nil
+}
+
+// targetAddress is the host:port of a broker URL a client names in
+// proxy_to_broker_url: pulsar://, or pulsar+ssl:// as the proxy spells the
+// broker's plaintext address to TLS clients (setTLSURL).
+func targetAddress(u string) (string, error) {
+	if rest, ok := strings.CutPrefix(strings.TrimSpace(u), "pulsar+ssl://"); ok {
+		u = "pulsar://" + rest
+	}
+	return BrokerAddress(u)
 }
 
 // BrokerAddress turns a Pulsar service URL ("pulsar://host:port", or a

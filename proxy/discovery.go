@@ -83,8 +83,9 @@ func (k *knownBrokers) nextService(start uint32, i int) string {
 // and names the broker in proxy_to_broker_url; the broker's address is
 // learned. Every other field, unknown ones included, is kept. It appends
 // the new frame to dst; learnedAddr is the address learned ("" if none) and
-// result the lookup-metrics index.
-func rewriteLookupResponse(dst []byte, f wire.Frame, cmd *pulsarpb.BaseCommand) (out []byte, learnedAddr string, result int, err error) {
+// result the lookup-metrics index. For a TLS client (tlsClient), the answer
+// also gets brokerServiceUrlTls (tlsURLFor), the URL such a client names.
+func rewriteLookupResponse(dst []byte, f wire.Frame, cmd *pulsarpb.BaseCommand, tlsClient bool) (out []byte, learnedAddr string, result int, err error) {
 	if err := wire.DecodeCommand(f, cmd); err != nil {
 		return dst, "", lookupFailed, err
 	}
@@ -107,6 +108,23 @@ func rewriteLookupResponse(dst []byte, f wire.Frame, cmd *pulsarpb.BaseCommand) 
 	}
 	t := true
 	r.ProxyThroughServiceUrl = &t
+	if tlsClient {
+		setTLSURL(r, learnedAddr)
+	}
 	out, err = wire.AppendCommandFrame(dst, cmd)
 	return out, learnedAddr, result, err
+}
+
+// setTLSURL gives a TLS client's lookup answer the broker URL it will name in
+// proxy_to_broker_url: pulsar+ssl:// with the broker's plaintext address
+// (addr), which the proxy dials in plaintext (targetAddress maps it back).
+// Pulsar clients with TLS on take brokerServiceUrlTls from an answer; a
+// broker without TLS gives none, and a broker's own TLS port is not what
+// the proxy dials.
+func setTLSURL(r *pulsarpb.CommandLookupTopicResponse, addr string) {
+	if addr == "" {
+		return
+	}
+	u := "pulsar+ssl://" + addr
+	r.BrokerServiceUrlTls = &u
 }

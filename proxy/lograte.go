@@ -1,6 +1,9 @@
 package proxy
 
-import "time"
+import (
+	"sync"
+	"time"
+)
 
 // logEvery limits one repeated log event of one connection to a line per interval (DESIGN
 // contract 7: one client never costs another its share of the log). The line that is let
@@ -24,4 +27,17 @@ func (l *logEvery) allow(now time.Time) (ok bool, suppressed int) {
 	l.next = now.Add(logInterval)
 	suppressed, l.suppressed = l.suppressed, 0
 	return true, suppressed
+}
+
+// sharedLogEvery is a logEvery any goroutine may use (events of no one
+// connection, such as failed TLS handshakes).
+type sharedLogEvery struct {
+	mu sync.Mutex
+	l  logEvery
+}
+
+func (s *sharedLogEvery) allow(now time.Time) (ok bool, suppressed int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.l.allow(now)
 }

@@ -200,12 +200,18 @@ func (s *session) finishFollow(p *pendingLookup, out followOutcome, took time.Du
 		result = lookupRedirect
 		resp = out.challenged
 		resp.ProxyThroughServiceUrl = proto.Bool(true)
+		if s.tlsClient {
+			setTLSURL(resp, addrOf(resp.GetBrokerServiceUrl()))
+		}
 		log.Info("lookup redirect target cannot authenticate the client through the proxy; relaying the redirect to the client",
 			"target", out.target, "reason", out.why.Error())
 	case out.answer.GetResponse() == pulsarpb.CommandLookupTopicResponse_Connect:
 		result = lookupRedirectFollowed
 		resp = out.answer
 		resp.ProxyThroughServiceUrl = proto.Bool(true)
+		if s.tlsClient {
+			setTLSURL(resp, addrOf(resp.GetBrokerServiceUrl()))
+		}
 		s.srv.known.learn(addrOf(resp.GetBrokerServiceUrl()))
 		log.Info("lookup redirect followed", "final_broker", resp.GetBrokerServiceUrl())
 	default:

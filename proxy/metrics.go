@@ -117,33 +117,35 @@ var lookupResults = [...]string{"connect", "redirect", "failed", "throttled", "p
 // metrics holds every counter of a Server. All fields are updated with
 // atomics from event loops and read by Collect on the HTTP goroutine.
 type metrics struct {
-	shards         [counterShards]frameCounters
-	connsOpen      [2]atomic.Int64 // by side: 0 client, 1 broker
-	connsTotal     [2]atomic.Uint64
-	closes         [len(closeReasons)]atomic.Uint64
-	lookups        [len(lookupResults)]atomic.Uint64
-	lookupsFlight  atomic.Int64
-	pauses         [2]atomic.Uint64
-	parks          [2]atomic.Uint64 // by direction of the frames read from the parked socket
-	parked         atomic.Int64
-	held           func() int64
-	budget         int64
-	descParks      *prometheus.Desc
-	descParked     *prometheus.Desc
-	descHeld       *prometheus.Desc
-	descBudget     *prometheus.Desc
-	panics         atomic.Uint64
-	knownBrokers   func() int
-	descConnsOpen  *prometheus.Desc
-	descConnsTotal *prometheus.Desc
-	descFrames     *prometheus.Desc
-	descBytes      *prometheus.Desc
-	descCloses     *prometheus.Desc
-	descLookups    *prometheus.Desc
-	descFlight     *prometheus.Desc
-	descPauses     *prometheus.Desc
-	descKnown      *prometheus.Desc
-	descPanics     *prometheus.Desc
+	shards               [counterShards]frameCounters
+	connsOpen            [2]atomic.Int64 // by side: 0 client, 1 broker
+	connsTotal           [2]atomic.Uint64
+	closes               [len(closeReasons)]atomic.Uint64
+	lookups              [len(lookupResults)]atomic.Uint64
+	lookupsFlight        atomic.Int64
+	pauses               [2]atomic.Uint64
+	parks                [2]atomic.Uint64 // by direction of the frames read from the parked socket
+	parked               atomic.Int64
+	held                 func() int64
+	budget               int64
+	descParks            *prometheus.Desc
+	descParked           *prometheus.Desc
+	descHeld             *prometheus.Desc
+	descBudget           *prometheus.Desc
+	panics               atomic.Uint64
+	tlsHandshakeFailures atomic.Uint64
+	descTLSFailures      *prometheus.Desc
+	knownBrokers         func() int
+	descConnsOpen        *prometheus.Desc
+	descConnsTotal       *prometheus.Desc
+	descFrames           *prometheus.Desc
+	descBytes            *prometheus.Desc
+	descCloses           *prometheus.Desc
+	descLookups          *prometheus.Desc
+	descFlight           *prometheus.Desc
+	descPauses           *prometheus.Desc
+	descKnown            *prometheus.Desc
+	descPanics           *prometheus.Desc
 }
 
 func newMetrics() *metrics {
@@ -172,6 +174,8 @@ func newMetrics() *metrics {
 			"Bytes the proxy holds for all connections: unread input and output queued towards slow sides.", nil, nil),
 		descBudget: prometheus.NewDesc("rebatchproxy_memory_budget_bytes",
 			"The memory budget (memory-budget): above it every direction pauses at 256 KiB queued.", nil, nil),
+		descTLSFailures: prometheus.NewDesc("rebatchproxy_tls_handshake_failures_total",
+			"Connections to the TLS listener closed because their TLS handshake failed (plaintext, untrusted or missing client certificate, timeout).", nil, nil),
 		descKnown: prometheus.NewDesc("rebatchproxy_known_brokers",
 			"Broker addresses a data connection may target (configured plus learned).", nil, nil),
 		descPanics: prometheus.NewDesc("rebatchproxy_internal_errors_total",
@@ -194,7 +198,7 @@ func (m *metrics) countFrame(shard uint32, d direction, t pulsarpb.BaseCommand_T
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.descConnsOpen, m.descConnsTotal, m.descFrames, m.descBytes,
 		m.descCloses, m.descLookups, m.descFlight, m.descPauses, m.descKnown, m.descPanics,
-		m.descParks, m.descParked, m.descHeld, m.descBudget} {
+		m.descParks, m.descParked, m.descHeld, m.descBudget, m.descTLSFailures} {
 		ch <- d
 	}
 }
@@ -236,6 +240,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.descFlight, prometheus.GaugeValue, float64(m.lookupsFlight.Load()))
 	ch <- prometheus.MustNewConstMetric(m.descPanics, prometheus.CounterValue, float64(m.panics.Load()))
 	ch <- prometheus.MustNewConstMetric(m.descParked, prometheus.GaugeValue, float64(m.parked.Load()))
+	ch <- prometheus.MustNewConstMetric(m.descTLSFailures, prometheus.CounterValue, float64(m.tlsHandshakeFailures.Load()))
 	ch <- prometheus.MustNewConstMetric(m.descBudget, prometheus.GaugeValue, float64(m.budget))
 	if m.held != nil {
 		ch <- prometheus.MustNewConstMetric(m.descHeld, prometheus.GaugeValue, float64(m.held()))

@@ -53,6 +53,9 @@ type Server struct {
 	dialBroker func(s *session, targets []string)
 	noffLoop   atomic.Int64 // sessions with a socket off the loop
 	held       atomic.Int64 // bytes all sessions hold (the memory budget's measure)
+	// tls is the client-facing TLS listener (server_tls.go), nil if none.
+	tls         *tlsServer
+	tlsRefusals sharedLogEvery // failed TLS handshakes, one log line per 10 s
 }
 
 // tickInterval is how often timeouts are checked; pausedTick is used while
@@ -83,6 +86,13 @@ func New(cfg Config) (*Server, error) {
 		booted: make(chan struct{}),
 	}
 	s.m.knownBrokers = s.known.count
+	if cfg.TLSListen != "" {
+		t, err := loadTLS(&s.cfg)
+		if err != nil {
+			return nil, err
+		}
+		s.tls = t
+	}
 	s.clock = time.Now
 	s.dialBroker = s.dialGnet
 	s.m.held = s.held.Load
@@ -110,6 +120,12 @@ func (s *Server) Serve() error {
 		opts = append(opts, gnet.WithNumEventLoop(loops))
 	} else {
 		opts = append(opts, gnet.WithMulticore(true))
+	}
+	if s.tls != nil {
+		if err := s.listenTLS(); err != nil {
+			close(s.booted)
+			return err
+		}
 	}
 	err := gnet.Run(s, "tcp://"+s.cfg.Listen, opts...)
 	select {
@@ -172,6 +188,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-s.booted:
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+	if s.tls != nil && s.tls.ln != nil {
+		_ = s.tls.ln.Close() // unlike gnet's, this listener can stop alone
 	}
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
@@ -260,14 +279,21 @@ func (s *Server) OnTraffic(c gnet.Conn) (action gnet.Action) {
 			if e.s.reason == nil {
 				e.s.reason = fmt.Errorf("%w: %v", ErrInternal, v)
 			}
+			if k, _ := e.side().(*sock); k != nil && k.mode == leaving {
+				k.closeWanted = true
+			}
 			action = gnet.Close
 		}
 	}()
-	if k, _ := e.side().(*sock); k == nil || k.c != c || e.s.state == stClosed {
+	k, _ := e.side().(*sock)
+	if k == nil || k.c != c || e.s.state == stClosed {
 		_, _ = c.Discard(-1) // a stale conn, or a session already closed
 		return gnet.None
 	}
 	if e.s.onTraffic(e) == closeSide {
+		if k.mode == leaving {
+			k.closeWanted = true // the queued park-close must end in a close
+		}
 		return gnet.Close
 	}
 	return gnet.None

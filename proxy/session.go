@@ -113,6 +113,13 @@ type session struct {
 	lookupReqs    map[uint64]*pendingLookup // client LOOKUPs awaiting an answer, by request id
 	followCtx     context.Context           // cancelled when the session closes
 	followCancel  context.CancelFunc
+
+	// Set by the transport before any input. dial, when set, replaces the
+	// server's dialBroker (the net.Conn transport dials its own way);
+	// tlsClient: the client came over TLS, so lookup answers give it a
+	// pulsar+ssl:// broker URL (brokerServiceUrlTls) to name in its CONNECT.
+	dial      func(s *session, targets []string)
+	tlsClient bool
 }
 
 // newSession starts the session of a client accepted by a transport; the
@@ -762,7 +769,7 @@ func (s *session) onConnect(f wire.Frame) (frameAction, error) {
 	var targets []string
 	u := c.GetProxyToBrokerUrl()
 	if u != "" {
-		addr, err := BrokerAddress(u)
+		addr, err := targetAddress(u)
 		if err != nil || !s.srv.known.allowed(addr) {
 			s.refuse(pulsarpb.ServerError_ServiceNotReady, "Target broker cannot be validated.")
 			return actStop, fmt.Errorf("%w: proxy_to_broker_url %q", ErrTargetRefused, u)
@@ -788,7 +795,11 @@ func (s *session) onConnect(f wire.Frame) (frameAction, error) {
 			"auth_method", c.GetAuthMethodName(), "proxy_to_broker_url", u, "targets", targets)
 	}
 	s.state = stDialing
-	s.srv.dialBroker(s, targets)
+	if s.dial != nil {
+		s.dial(s, targets)
+	} else {
+		s.srv.dialBroker(s, targets)
+	}
 	return actStop, nil
 }
 
@@ -919,7 +930,7 @@ func (s *session) onLookupResponse(f wire.Frame) (frameAction, error) {
 		return actDone, err
 	}
 	s.lookupDone()
-	b, addr, result, err := rewriteLookupResponse(s.scratch[:0], f, &s.cmd)
+	b, addr, result, err := rewriteLookupResponse(s.scratch[:0], f, &s.cmd, s.tlsClient)
 	if err != nil {
 		return 0, err
 	}

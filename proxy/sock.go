@@ -49,6 +49,9 @@ type sock struct {
 	closeWanted bool
 	// backWanted: unpark as soon as the leaving conn is gone.
 	backWanted bool
+	// closing: Close was called while on the loop (gnet's close is queued);
+	// the socket must not be parked then, or the close would become a park.
+	closing bool
 }
 
 type sockMode uint8
@@ -171,6 +174,7 @@ func (k *sock) Wake() {
 func (k *sock) Close() {
 	switch k.mode {
 	case onLoop:
+		k.closing = true
 		_ = k.c.Close()
 	case leaving, returning:
 		k.closeWanted = true
@@ -184,10 +188,23 @@ func (k *sock) finish(err error) {
 	if k.mode != onLoop && k.mode != gone {
 		k.e.s.noteOffLoop(-1)
 	}
+	if k.fd >= 0 {
+		// As gnet's close does: write what is queued, once. Then take what
+		// the peer sent and nobody read (a parked socket has some), so the
+		// close is a FIN, not a reset that would drop what was written.
+		_ = k.FlushOut()
+		var buf [64 << 10]byte
+		for i := 0; i < 256; i++ {
+			if n, err := unix.Read(k.fd, buf[:]); n <= 0 || err != nil {
+				break
+			}
+		}
+	}
 	k.closeFd()
 	k.mode = gone
-	k.outq, k.pre = nil, nil
+	k.outq = nil
 	k.e.s.onClose(k.e, k, err)
+	k.pre = nil
 }
 
 // gnetExec is the executor of a session on a gnet loop.
@@ -211,7 +228,7 @@ func (k *sock) closeFd() {
 // Park takes the socket off the loop. It reports false, changing nothing,
 // when it cannot: not on the loop, or gnet still has bytes queued for it.
 func (k *sock) Park() bool {
-	if k.mode != onLoop || k.c.OutboundBuffered() > 0 {
+	if k.mode != onLoop || k.closing || k.c.OutboundBuffered() > 0 {
 		return false
 	}
 	fd, err := k.c.Dup()

@@ -1,0 +1,279 @@
+package proxy
+
+import (
+	"errors"
+	"net"
+	"sync"
+	"time"
+)
+
+// The net.Conn transport: a session whose client arrived on a listener gnet
+// cannot serve (TLS: crypto/tls wraps a net.Conn) runs on a goroutine of its
+// own (connLoop), with both of its connections as connSides: a reader
+// goroutine and a writer goroutine per connection, blocking I/O. Backpressure
+// is the plain kind: a parked connSide's reader stops reading, so TCP slows
+// the sender; a slow receiver's writer blocks and its queue grows until the
+// session pauses the other direction, as on the gnet transport.
+
+// connLoop is the executor of one session on the net.Conn transport: tasks
+// run one at a time, in order, on its goroutine.
+type connLoop struct {
+	mu      sync.Mutex
+	tasks   []func()
+	spare   []func()
+	wake    chan struct{}
+	stopped bool
+	// live counts the connSides not yet finished; the loop ends with the last.
+	live int
+}
+
+func newConnLoop() *connLoop {
+	l := &connLoop{wake: make(chan struct{}, 1)}
+	go l.loop()
+	return l
+}
+
+var errLoopStopped = errors.New("proxy: connection loop stopped")
+
+// run implements executor. Any goroutine may call it.
+func (l *connLoop) run(f func()) error {
+	l.mu.Lock()
+	if l.stopped {
+		l.mu.Unlock()
+		return errLoopStopped
+	}
+	l.tasks = append(l.tasks, f)
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+func (l *connLoop) loop() {
+	for range l.wake {
+		l.mu.Lock()
+		batch := l.tasks
+		l.tasks = l.spare[:0]
+		l.mu.Unlock()
+		for i, f := range batch {
+			f()
+			batch[i] = nil
+		}
+		l.mu.Lock()
+		l.spare = batch[:0]
+		done := l.live == 0 && len(l.tasks) == 0
+		if done {
+			l.stopped = true
+		}
+		l.mu.Unlock()
+		if done {
+			return
+		}
+	}
+}
+
+// connReadChunk is what one read hands the session at most.
+const connReadChunk = 64 << 10
+
+// closeFlushTimeout bounds writing what is queued for a side being closed.
+const closeFlushTimeout = 5 * time.Second
+
+// connSide is one net.Conn of a session on the net.Conn transport. Its side
+// methods run on the session's connLoop; its reader and writer goroutines
+// touch only the fields under mu.
+type connSide struct {
+	l  *connLoop
+	e  *end
+	c  net.Conn
+	in []byte // loop-owned: read, not yet consumed
+	// gone is loop-owned: finish ran.
+	gone bool
+
+	mu       sync.Mutex
+	cond     *sync.Cond
+	parked   bool   // the reader waits before its next read
+	out      []byte // written by the session, not yet taken by the writer
+	writing  int    // bytes the writer is writing now
+	closing  bool   // the writer flushes, then closes c
+	writeErr error
+}
+
+// newConnSide starts the reader and writer of c for end e on loop l.
+func newConnSide(l *connLoop, e *end, c net.Conn) *connSide {
+	k := &connSide{l: l, e: e, c: c}
+	k.cond = sync.NewCond(&k.mu)
+	l.mu.Lock()
+	l.live++
+	l.mu.Unlock()
+	go k.reader()
+	go k.writer()
+	return k
+}
+
+func (k *connSide) reader() {
+	buf := make([]byte, connReadChunk)
+	handed := make(chan struct{}, 1)
+	for {
+		k.mu.Lock()
+		for k.parked && !k.closing {
+			k.cond.Wait()
+		}
+		k.mu.Unlock()
+		n, err := k.c.Read(buf)
+		if n > 0 {
+			if k.l.run(func() { k.input(buf[:n]); handed <- struct{}{} }) != nil {
+				return
+			}
+			<-handed // buf is the session's until its task ran
+		}
+		if err != nil {
+			_ = k.l.run(func() { k.finish(err) })
+			return
+		}
+	}
+}
+
+// input appends b and hands the input to the session. Runs on the loop.
+func (k *connSide) input(b []byte) {
+	if k.gone {
+		return
+	}
+	k.in = append(k.in, b...)
+	k.handle()
+}
+
+// handle runs the session on the buffered input. Runs on the loop.
+func (k *connSide) handle() {
+	if k.gone || len(k.in) == 0 {
+		return
+	}
+	if k.e.s.onTraffic(k.e) == closeSide {
+		k.Close()
+	}
+}
+
+func (k *connSide) writer() {
+	var b []byte
+	for {
+		k.mu.Lock()
+		for len(k.out) == 0 && !k.closing {
+			k.cond.Wait()
+		}
+		if len(k.out) == 0 { // closing, everything written
+			k.mu.Unlock()
+			_ = k.c.Close() // the reader's Read fails: it reports the close to the loop
+			return
+		}
+		b, k.out = k.out, b[:0]
+		k.writing = len(b)
+		closing := k.closing
+		k.mu.Unlock()
+		if closing {
+			_ = k.c.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
+		}
+		_, err := k.c.Write(b)
+		k.mu.Lock()
+		k.writing = 0
+		if err != nil {
+			k.writeErr = err
+			k.out = nil
+			k.closing = true
+		}
+		k.mu.Unlock()
+		if err != nil {
+			_ = k.c.Close()
+			return
+		}
+	}
+}
+
+// InboundBuffered implements side.
+func (k *connSide) InboundBuffered() int { return len(k.in) }
+
+// Peek implements side.
+func (k *connSide) Peek(n int) ([]byte, error) { return k.in[:n], nil }
+
+// Discard implements side.
+func (k *connSide) Discard(n int) {
+	k.in = k.in[n:]
+	if len(k.in) == 0 {
+		k.in = k.in[:0:0] // let a burst's buffer go
+	}
+}
+
+// Write implements side: b is queued for the writer goroutine.
+func (k *connSide) Write(b []byte) (int, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.writeErr != nil {
+		return 0, k.writeErr
+	}
+	if k.closing {
+		return 0, net.ErrClosed
+	}
+	k.out = append(k.out, b...)
+	k.cond.Broadcast()
+	return len(b), nil
+}
+
+// OutboundBuffered implements side.
+func (k *connSide) OutboundBuffered() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.out) + k.writing
+}
+
+// Close implements side: what is queued is written (bounded by
+// closeFlushTimeout), then the connection closes and finish runs.
+func (k *connSide) Close() {
+	k.mu.Lock()
+	k.closing = true
+	k.cond.Broadcast()
+	k.mu.Unlock()
+}
+
+// finish reports the side closed for good to the session, once. Runs on the loop.
+func (k *connSide) finish(err error) {
+	if k.gone {
+		return
+	}
+	k.gone = true
+	k.Close()
+	k.in = nil
+	k.e.s.onClose(k.e, k, err)
+	k.l.mu.Lock()
+	k.l.live--
+	k.l.mu.Unlock()
+}
+
+// Wake implements side.
+func (k *connSide) Wake() { _ = k.l.run(k.handle) }
+
+// Park implements side: the reader stops after the read it may be in.
+func (k *connSide) Park() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.parked || k.closing {
+		return false
+	}
+	k.parked = true
+	k.e.s.srv.m.parks[k.e.dir].Add(1)
+	return true
+}
+
+// Unpark implements side.
+func (k *connSide) Unpark() {
+	k.mu.Lock()
+	k.parked = false
+	k.cond.Broadcast()
+	k.mu.Unlock()
+	k.Wake()
+}
+
+// Gone implements side.
+func (k *connSide) Gone() bool { return k.gone }
+
+// FlushOut implements side; the writer goroutine writes on its own.
+func (k *connSide) FlushOut() error { return nil }

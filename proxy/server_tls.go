@@ -1,0 +1,193 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
+)
+
+// The client-facing TLS listener (pulsar+ssl://): crypto/tls on a net.Conn,
+// so its sessions run on the net.Conn transport (connside.go), beside the
+// gnet engine that serves plaintext clients. Brokers are dialled in
+// plaintext. Lookup answers give TLS clients a pulsar+ssl:// broker URL
+// (setTLSURL), so they come back to this listener.
+
+// tlsServer is the TLS listener's state.
+type tlsServer struct {
+	ln   net.Listener
+	cert atomic.Pointer[tls.Certificate]
+	conf *tls.Config
+}
+
+// loadTLS reads the certificate, key and client CA files named by cfg.
+func loadTLS(cfg *Config) (*tlsServer, error) {
+	t := &tlsServer{}
+	if err := t.reload(cfg); err != nil {
+		return nil, err
+	}
+	t.conf = &tls.Config{
+		MinVersion:     tls.VersionTLS12,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return t.cert.Load(), nil },
+	}
+	if cfg.TLSClientCAFile != "" {
+		pem, err := os.ReadFile(cfg.TLSClientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls-client-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls-client-ca: no PEM certificate in %s", cfg.TLSClientCAFile)
+		}
+		t.conf.ClientCAs = pool
+		t.conf.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return t, nil
+}
+
+func (t *tlsServer) reload(cfg *Config) error {
+	c, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+	if err != nil {
+		return fmt.Errorf("tls-cert / tls-key: %w", err)
+	}
+	t.cert.Store(&c)
+	return nil
+}
+
+// ReloadTLS re-reads the TLS certificate and key (on SIGHUP); connections
+// already open keep theirs, new handshakes get the new one. A failed read
+// keeps the old one. Any goroutine may call it.
+func (s *Server) ReloadTLS() error {
+	if s.tls == nil {
+		return errors.New("no TLS listener configured")
+	}
+	return s.tls.reload(&s.cfg)
+}
+
+// TLSAddr returns the TLS listener's address ("" if none). Any goroutine
+// may call it once Serve has started listening (Addr returned).
+func (s *Server) TLSAddr() string {
+	if s.tls == nil || s.tls.ln == nil {
+		return ""
+	}
+	return s.tls.ln.Addr().String()
+}
+
+// listenTLS opens the TLS listener; acceptTLS serves it. Called by Serve.
+func (s *Server) listenTLS() error {
+	ln, err := net.Listen("tcp", s.cfg.TLSListen)
+	if err != nil {
+		return fmt.Errorf("tls-listen: %w", err)
+	}
+	s.tls.ln = ln
+	go s.acceptTLS(ln)
+	return nil
+}
+
+func (s *Server) acceptTLS(ln net.Listener) {
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			s.log.Warn("TLS accept failed", "err", err.Error())
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		go s.serveTLSConn(nc)
+	}
+}
+
+// serveTLSConn completes the TLS handshake (bounded by HandshakeTimeout)
+// and starts the client's session on a connLoop of its own.
+func (s *Server) serveTLSConn(nc net.Conn) {
+	if s.draining.Load() {
+		_ = nc.Close()
+		return
+	}
+	tc := tls.Server(nc, s.tls.conf)
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HandshakeTimeout)
+	err := tc.HandshakeContext(ctx)
+	cancel()
+	if err != nil {
+		s.m.tlsHandshakeFailures.Add(1)
+		if ok, suppressed := s.tlsRefusals.allow(s.clock()); ok {
+			s.log.Warn("TLS handshake failed; connection closed", "client", nc.RemoteAddr().String(),
+				"reason", tlsReason(err), "suppressed_since_last", suppressed)
+		}
+		_ = nc.Close()
+		return
+	}
+	s.m.connsTotal[0].Add(1)
+	s.m.connsOpen[0].Add(1)
+	loop := newConnLoop()
+	ss := newSession(s, loop, nc.RemoteAddr().String())
+	ss.tlsClient = true
+	ss.dial = s.dialConn
+	s.sessions.Store(ss, struct{}{})
+	s.nsessions.Add(1)
+	// On the loop, so the reader's first input finds s.client set.
+	_ = loop.run(func() { ss.client = newConnSide(loop, &ss.clientEnd, tc) })
+}
+
+// tlsReason names why a TLS handshake failed, for the log.
+func tlsReason(err error) string {
+	var rec tls.RecordHeaderError
+	switch {
+	case errors.As(err, &rec):
+		return "not TLS (plaintext on the TLS port?): " + err.Error()
+	case errors.Is(err, context.DeadlineExceeded):
+		return "no handshake within the handshake timeout"
+	}
+	return err.Error()
+}
+
+// dialConn connects a net.Conn-transport session to the first reachable
+// target, on a goroutine of its own, and hands the connection to the
+// session on its loop.
+func (s *Server) dialConn(ss *session, targets []string) {
+	go func() {
+		d := net.Dialer{Timeout: s.cfg.ConnectTimeout}
+		var nc net.Conn
+		var err error
+		for _, a := range targets {
+			if nc, err = d.Dial("tcp", a); err == nil {
+				ss.brokerAddr = a // published to the loop by run
+				break
+			}
+		}
+		loop := ss.exec.(*connLoop)
+		if err != nil {
+			derr := fmt.Errorf("%w: %v", ErrBrokerUnreachable, err)
+			_ = loop.run(func() {
+				if ss.state != stDialing {
+					return
+				}
+				if ss.reason == nil {
+					ss.reason = derr
+				}
+				ss.refuse(pulsarpb.ServerError_ServiceNotReady, "Unable to connect to the broker")
+			})
+			return
+		}
+		if loop.run(func() {
+			b := newConnSide(loop, &ss.brokerEnd, nc)
+			out, ok := ss.onBrokerOpen(b)
+			if !ok {
+				b.Close() // its finish runs the session's onClose, which counts it
+				return
+			}
+			_, _ = b.Write(out)
+		}) != nil {
+			_ = nc.Close()
+		}
+	}()
+}
