@@ -302,11 +302,7 @@ func TestCoreBrokerOnlyCommandFromTheClientClosesThePair(t *testing.T) {
 // then the client side is parked once 64 KiB are queued towards the broker (not closed), and
 // after the drain and a tick it is read again and the rest reaches the broker.
 func TestCoreSlowBrokerParksTheClientUntilItDrains(t *testing.T) {
-	l := established(t, func(c *Config) {
-		c.MaxMessageSize = 64 << 10
-		c.SoftBufferLimit = 64 << 10
-		c.HardBufferLimit = 256 << 10
-	})
+	l := established(t, bpConfig)
 	l.broker.slow = true
 	sends := sendFrames(10, 20<<10)
 	one := len(sends) / 10
@@ -335,11 +331,7 @@ func TestCoreSlowBrokerParksTheClientUntilItDrains(t *testing.T) {
 // when the client sends 1.6 MB of SENDs,
 // then the pair is closed with ErrBufferLimit naming the last resort.
 func TestCoreUnparkableSenderHitsTheHardLimit(t *testing.T) {
-	l := established(t, func(c *Config) {
-		c.MaxMessageSize = 64 << 10
-		c.SoftBufferLimit = 64 << 10
-		c.HardBufferLimit = 256 << 10
-	})
+	l := established(t, bpConfig)
 	l.broker.slow = true
 	l.client.queued = 1 // the client does not read what it is sent either
 	sends := sendFrames(80, 20<<10)

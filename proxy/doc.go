@@ -148,6 +148,22 @@
 //     (ErrTruncated is logged); duplicate-chunk draining is skipped then,
 //     since the broker side cannot carry another frame.
 //
+// # Transports
+//
+// The core (session.go, backpressure.go, lookup.go) sees its connections as
+// sides (side.go). The gnet transport (server.go, sock.go) serves the
+// plaintext listener and dials brokers onto the client's loop. The net.Conn
+// transport (connside.go) serves the TLS listener (server_tls.go): each
+// session runs on a goroutine of its own (connLoop) with a reader and a
+// writer goroutine per connection, blocking I/O; parking a side stops its
+// reader after the read it is in, so backpressure reaches the sender as on
+// the gnet transport. A TLS client's lookup answers carry brokerServiceUrlTls
+// = pulsar+ssl://<the broker's plaintext address> (setTLSURL): TLS clients
+// name that URL in proxy_to_broker_url, and the proxy dials the plaintext
+// address (targetAddress), so the allow-list treats both spellings alike.
+// Handshakes are bounded by HandshakeTimeout; a failed one closes the
+// connection with a rate-limited log line naming the reason.
+//
 // # Goroutines
 //
 // Server methods say which goroutine may call them. A session is owned by

@@ -38,6 +38,10 @@ type options struct {
 	lookupTimeout  time.Duration
 	eventLoops     int
 	readBuffer     byteSize
+	tlsListen      string
+	tlsCert        string
+	tlsKey         string
+	tlsClientCA    string
 	metricsListen  string
 	logLevel       string
 	logFormat      string
@@ -72,6 +76,10 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.IntVar(&o.maxRedirects, "max-lookup-redirects", d.MaxLookupRedirects, "lookup redirects the proxy follows itself, asking each named broker as the client, before answering the client ServiceNotReady; 0 relays redirects to the client instead (the default is the Java client's maxLookupRedirects)")
 	fs.DurationVar(&o.lookupTimeout, "lookup-timeout", d.LookupTimeout, "time allowed for following one lookup's redirects, all hops included")
 	fs.IntVar(&o.eventLoops, "event-loops", d.EventLoops, "gnet event loops (0 = one per CPU)")
+	fs.StringVar(&o.tlsListen, "tls-listen", "", "`host:port` of a TLS listener for pulsar+ssl:// clients, beside --listen (brokers are still dialled in plaintext); needs --tls-cert and --tls-key")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate chain `file` of the TLS listener (re-read on SIGHUP)")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM private key `file` of the TLS listener (re-read on SIGHUP)")
+	fs.StringVar(&o.tlsClientCA, "tls-client-ca", "", "PEM CA certificates `file`: when set, TLS clients must present a certificate one of them signed")
 	o.readBuffer = byteSize(d.ReadBufferCap)
 	fs.Var(&o.readBuffer, "read-buffer", "gnet read buffer per event loop")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:9650", "`host:port` serving /metrics, /healthz, /readyz (and /debug/pprof/ with --pprof); empty disables")
@@ -261,6 +269,7 @@ func (o *options) proxyConfig() (proxy.Config, error) {
 	c.MaxMessageSize, c.SoftBufferLimit, c.HardBufferLimit = int(o.maxMessageSize), int(o.softLimit), int(o.hardLimit)
 	c.MemoryBudget = int(o.memoryBudget)
 	c.MaxConcurrentLookups, c.EventLoops, c.ReadBufferCap = o.maxLookups, o.eventLoops, int(o.readBuffer)
+	c.TLSListen, c.TLSCertFile, c.TLSKeyFile, c.TLSClientCAFile = o.tlsListen, o.tlsCert, o.tlsKey, o.tlsClientCA
 	c.MaxLookupRedirects, c.LookupTimeout, c.MaxConnectionLookups = o.maxRedirects, o.lookupTimeout, o.maxConnLookups
 	return c, c.Validate()
 }

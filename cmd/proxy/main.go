@@ -115,6 +115,13 @@ wait:
 		case s := <-sig:
 			if s == syscall.SIGHUP {
 				reloadPolicies(o.config, policies, log)
+				if cfg.TLSListen != "" {
+					if err := srv.ReloadTLS(); err != nil {
+						log.Warn("SIGHUP: TLS certificate not reloaded; keeping the current one", "err", err)
+					} else {
+						log.Info("SIGHUP: TLS certificate reloaded", "cert", cfg.TLSCertFile)
+					}
+				}
 				continue
 			}
 			log.Info("signal received; draining", "signal", s.String(), "drain_timeout", cfg.DrainTimeout)

@@ -23,14 +23,23 @@ func TestMain(m *testing.M) { os.Exit(harness.Run(m, harness.Options{})) }
 // startProxy runs the proxy in-process in front of b (harness.StartProxy), logging at level and
 // above to the returned buffer, and returns its pulsar:// URL and a function that stops it.
 func startProxy(b *harness.Broker, level slog.Level) (string, *harness.LogBuffer, func(), error) {
-	logs := &harness.LogBuffer{}
-	p, err := harness.StartProxy(b.ServiceURL, func(c *proxy.Config) {
-		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: level}))
-	})
+	p, logs, err := startProxyWith(b, level, nil)
 	if err != nil {
 		return "", nil, nil, err
 	}
 	return p.URL, logs, p.Stop, nil
+}
+
+// startProxyWith is startProxy with the proxy's config changed by mod (nil: unchanged).
+func startProxyWith(b *harness.Broker, level slog.Level, mod func(*proxy.Config)) (*harness.InProcessProxy, *harness.LogBuffer, error) {
+	logs := &harness.LogBuffer{}
+	p, err := harness.StartProxy(b.ServiceURL, func(c *proxy.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: level}))
+		if mod != nil {
+			mod(c)
+		}
+	})
+	return p, logs, err
 }
 
 // packageDir is the directory of this package's sources.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -20,6 +21,8 @@ import (
 
 	"github.com/rebatchproxy/rebatchproxy/e2e/drivers"
 	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
+	"github.com/rebatchproxy/rebatchproxy/internal/testcert"
+	"github.com/rebatchproxy/rebatchproxy/proxy"
 )
 
 // column is one cell kind of the matrix.
@@ -43,6 +46,7 @@ var columns = []column{
 	{"token-good", "good token", ""},
 	{"token-bad", "bad token refused", ""},
 	{"redirect", "redirected lookup", ""},
+	{"tls", "TLS to the proxy", ""},
 }
 
 func columnByID(id string) column {
@@ -146,6 +150,9 @@ type env struct {
 	rdURL   string           // a proxy in front of b that logs its lookups (Info)
 	rdLogs  *harness.LogBuffer
 	rdErr   error
+
+	tlsURL string // pulsar+ssl://localhost:<port> of the TLS listener of the proxy at url
+	tlsCA  string // the CA file its clients trust
 }
 
 var unsafeChars = regexp.MustCompile(`[^a-zA-Z0-9-]`)
@@ -213,12 +220,20 @@ func TestMatrix(t *testing.T) {
 		}
 	}
 	e := &env{b: harness.Default(t), tokReady: make(chan struct{}), rdReady: make(chan struct{})}
-	url, logs, stop, err := startProxy(e.b, slog.LevelWarn)
+	certs, err := testcert.Write(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer stop()
-	e.url = url
+	px, logs, err := startProxyWith(e.b, slog.LevelWarn, func(c *proxy.Config) {
+		c.TLSListen, c.TLSCertFile, c.TLSKeyFile = "127.0.0.1:0", certs.ServerCert, certs.ServerKey
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Stop()
+	e.url = px.URL
+	_, tlsPort, _ := net.SplitHostPort(px.Server.TLSAddr())
+	e.tlsURL, e.tlsCA = "pulsar+ssl://localhost:"+tlsPort, certs.CA
 	e.bad = harness.SignToken([]byte("not-the-broker-key-not-the-broker-key"), "compat")
 	var tokStop func()
 	var tokLogs *harness.LogBuffer
@@ -351,7 +366,7 @@ func TestMatrix(t *testing.T) {
 // group, whose idle consumers are timing-sensitive.
 func runDriver(ctx context.Context, r *row, e *env) {
 	var wg sync.WaitGroup
-	for _, g := range []func(context.Context, *row, *env){produceConsume(0), produceConsume(3), schemaNack, tokenGroup, redirected} {
+	for _, g := range []func(context.Context, *row, *env){produceConsume(0), produceConsume(3), schemaNack, tokenGroup, redirected, overTLS} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -670,25 +685,37 @@ func chunked(ctx context.Context, r *row, e *env) {
 	}
 }
 
+// overTLS produces and consumes through the proxy's TLS listener (pulsar+ssl://, the test CA
+// trusted, hostname verified); the proxy speaks plaintext to the broker.
+func overTLS(ctx context.Context, r *row, e *env) {
+	roundTrip(ctx, r, "tls", drivers.ProduceSpec{URL: e.tlsURL, TLSTrustCerts: e.tlsCA, Topic: topicName(r.d, "tls")}, "t")
+}
+
 func goodToken(ctx context.Context, r *row, e *env) {
+	roundTrip(ctx, r, "token-good", drivers.ProduceSpec{URL: e.tokURL, Token: e.good, Topic: topicName(r.d, "auth")}, "a")
+}
+
+// roundTrip produces 10 messages as p says (its URL, credentials and topic) and consumes them the
+// same way on subscription sub: cell col passes when every send is acknowledged and every
+// message delivered once, in order.
+func roundTrip(ctx context.Context, r *row, col string, p drivers.ProduceSpec, sub string) {
 	const n = 10
-	topic := topicName(r.d, "auth")
-	p, err := r.d.Produce(ctx, drivers.ProduceSpec{URL: e.tokURL, Token: e.good, Topic: topic, Count: n,
-		Timeout: time.Minute})
-	if !r.step("token-good", "produce", err) {
+	p.Count, p.Timeout = n, time.Minute
+	res, err := r.d.Produce(ctx, p)
+	if !r.step(col, "produce", err) {
 		return
 	}
-	got, err := r.d.Consume(ctx, drivers.ConsumeSpec{URL: e.tokURL, Token: e.good, Topic: topic, Subscription: "a",
-		Count: n, Timeout: time.Minute})
-	if !r.step("token-good", "consume", err) {
+	got, err := r.d.Consume(ctx, drivers.ConsumeSpec{URL: p.URL, Token: p.Token, TLSTrustCerts: p.TLSTrustCerts, Topic: p.Topic,
+		Subscription: sub, Count: n, Timeout: time.Minute})
+	if !r.step(col, "consume", err) {
 		return
 	}
-	if len(p.Acks) != n {
-		r.fail("token-good", "%d of %d sends acknowledged", len(p.Acks), n)
+	if len(res.Acks) != n {
+		r.fail(col, "%d of %d sends acknowledged", len(res.Acks), n)
 	} else if s := checkDelivered(got.Messages, n, 0, 0, total); s != "" {
-		r.fail("token-good", "delivery: %s", s)
+		r.fail(col, "delivery: %s", s)
 	} else {
-		r.pass("token-good")
+		r.pass(col)
 	}
 }
 

@@ -307,8 +307,9 @@ type ProduceSpec struct {
 	Sync             bool
 	ProducerName     string
 	Token            string
-	SendTimeout      *int  // milliseconds; nil: client default; 0: none
-	SeqStart         int64 // >= 0 with ExplicitSeq: message i gets sequence id SeqStart+i
+	TLSTrustCerts    string // CA file for a pulsar+ssl:// URL (hostname verified)
+	SendTimeout      *int   // milliseconds; nil: client default; 0: none
+	SeqStart         int64  // >= 0 with ExplicitSeq: message i gets sequence id SeqStart+i
 	ExplicitSeq      bool
 	SeqScramble      bool          // Java only: message i gets SeqStart + (i*7919 mod Count), ids out of order
 	Timeout          time.Duration // whole run inside the driver; 0: 2 minutes
@@ -374,6 +375,9 @@ func (s ProduceSpec) Args() []string {
 	if s.Token != "" {
 		a = append(a, "--token", s.Token)
 	}
+	if s.TLSTrustCerts != "" {
+		a = append(a, "--tls-trust-certs", s.TLSTrustCerts)
+	}
 	if s.SendTimeout != nil {
 		a = append(a, "--send-timeout-ms", strconv.Itoa(*s.SendTimeout))
 	}
@@ -400,6 +404,7 @@ type ConsumeSpec struct {
 	NackDelay       time.Duration
 	Schema          string
 	Token           string
+	TLSTrustCerts   string // CA file for a pulsar+ssl:// URL (hostname verified)
 	InitialPosition string // "", "earliest" or "latest" (driver default: earliest)
 	ConsumerName    string
 	Timeout         time.Duration // whole run inside the driver; 0: 1 minute
@@ -431,6 +436,9 @@ func (s ConsumeSpec) Args() []string {
 	}
 	if s.Token != "" {
 		a = append(a, "--token", s.Token)
+	}
+	if s.TLSTrustCerts != "" {
+		a = append(a, "--tls-trust-certs", s.TLSTrustCerts)
 	}
 	if s.InitialPosition != "" {
 		a = append(a, "--initial-position", s.InitialPosition)

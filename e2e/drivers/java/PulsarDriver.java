@@ -311,6 +311,10 @@ public final class PulsarDriver {
         if (!token.isEmpty()) {
             b.authentication(AuthenticationFactory.token(token));
         }
+        String trust = f.str("tls-trust-certs", "");
+        if (!trust.isEmpty()) {
+            b.tlsTrustCertsFilePath(trust).enableTlsHostnameVerification(true).allowTlsInsecureConnection(false);
+        }
         return b.build();
     }
 
@@ -345,7 +349,7 @@ public final class PulsarDriver {
         Flags f = new Flags(args, 1, kinds("url", "topic", "count", "batching:bool", "batch-max-messages",
                 "batch-max-bytes", "batch-delay-ms", "batcher", "key-mode", "keys", "ordering-key:bool",
                 "properties", "compression", "chunking:bool", "chunk-size", "size", "schema", "sync:bool",
-                "producer-name", "token", "send-timeout-ms", "seq-start", "seq-scramble:bool", "timeout-ms"));
+                "producer-name", "token", "tls-trust-certs", "send-timeout-ms", "seq-start", "seq-scramble:bool", "timeout-ms"));
         String topic = f.str("topic", "");
         if (topic.isEmpty()) {
             throw usage("--topic is required");
@@ -571,7 +575,7 @@ public final class PulsarDriver {
 
     static int consume(String[] args) throws Exception {
         Flags f = new Flags(args, 1, kinds("url", "topic", "sub", "type", "sticky-ranges", "count", "timeout-ms",
-                "idle-ms", "nack-first", "nack-delay-ms", "schema", "token", "initial-position", "consumer-name"));
+                "idle-ms", "nack-first", "nack-delay-ms", "schema", "token", "tls-trust-certs", "initial-position", "consumer-name"));
         String topic = f.str("topic", "");
         String sub = f.str("sub", "");
         if (topic.isEmpty() || sub.isEmpty()) {

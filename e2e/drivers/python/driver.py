@@ -119,6 +119,9 @@ def make_client(a):
               connection_timeout_ms=max(1000, min(10000, a.timeout_ms)), logger=client_logger())
     if a.token:
         kw["authentication"] = pulsar.AuthenticationToken(a.token)
+    if a.tls_trust_certs:
+        kw.update(tls_trust_certs_file_path=a.tls_trust_certs, tls_validate_hostname=True,
+                  tls_allow_insecure_connection=False)
     return pulsar.Client(a.url, **kw)
 
 
@@ -157,6 +160,7 @@ def produce(argv):
     p.add_argument("--sync", type=str2bool, nargs="?", const=True, default=False)
     p.add_argument("--producer-name", default="")
     p.add_argument("--token", default="")
+    p.add_argument("--tls-trust-certs", default="")
     p.add_argument("--send-timeout-ms", type=int, default=-1)
     p.add_argument("--seq-start", type=int, default=-1)
     p.add_argument("--timeout-ms", type=int, default=120000)
@@ -362,6 +366,7 @@ def consume(argv):
     p.add_argument("--nack-delay-ms", type=int, default=300)
     p.add_argument("--schema", default="bytes")
     p.add_argument("--token", default="")
+    p.add_argument("--tls-trust-certs", default="")
     p.add_argument("--initial-position", default="earliest")
     p.add_argument("--consumer-name", default="")
     a = p.parse_args(argv)

@@ -168,7 +168,8 @@ func nullIfEmpty(s string) any {
 }
 
 // clientOptions bounds the client's own retries by the run's deadline as well.
-func clientOptions(url, token string, deadline time.Duration) pulsar.ClientOptions {
+// trust is a CA file for pulsar+ssl:// URLs (hostnames verified); "" for none.
+func clientOptions(url, token, trust string, deadline time.Duration) pulsar.ClientOptions {
 	o := pulsar.ClientOptions{
 		URL:               url,
 		OperationTimeout:  min(30*time.Second, deadline),
@@ -176,6 +177,10 @@ func clientOptions(url, token string, deadline time.Duration) pulsar.ClientOptio
 	}
 	if token != "" {
 		o.Authentication = pulsar.NewAuthenticationToken(token)
+	}
+	if trust != "" {
+		o.TLSTrustCertsFilePath = trust
+		o.TLSValidateHostname = true
 	}
 	return o
 }
@@ -215,6 +220,7 @@ func produce(args []string) int {
 	syncSend := fs.Bool("sync", false, "send synchronously, one message at a time")
 	producerName := fs.String("producer-name", "", "producer name")
 	token := fs.String("token", "", "JWT token")
+	trust := fs.String("tls-trust-certs", "", "CA certificates file for pulsar+ssl:// (hostname verified)")
 	sendTimeout := fs.Int("send-timeout-ms", -1, "send timeout in ms (-1 = client default, 0 = none)")
 	seqStart := fs.Int64("seq-start", -1, "if >= 0, message i is sent with sequence id seq-start+i")
 	timeoutMs := fs.Int("timeout-ms", 120000, "overall deadline")
@@ -318,7 +324,7 @@ func produce(args []string) int {
 		return exitFailed
 	}
 
-	client, err := pulsar.NewClient(clientOptions(*url, *token, time.Duration(*timeoutMs)*time.Millisecond))
+	client, err := pulsar.NewClient(clientOptions(*url, *token, *trust, time.Duration(*timeoutMs)*time.Millisecond))
 	if err != nil {
 		return fail("client", err)
 	}
@@ -470,6 +476,7 @@ func consume(args []string) int {
 	nackDelay := fs.Int("nack-delay-ms", 300, "negative-ack redelivery delay")
 	schema := fs.String("schema", "bytes", "bytes|json|avro")
 	token := fs.String("token", "", "JWT token")
+	trust := fs.String("tls-trust-certs", "", "CA certificates file for pulsar+ssl:// (hostname verified)")
 	initial := fs.String("initial-position", "earliest", "earliest|latest")
 	consumerName := fs.String("consumer-name", "", "consumer name")
 	if err := fs.Parse(args); err != nil {
@@ -532,7 +539,7 @@ func consume(args []string) int {
 	defer cancel()
 	start := time.Now()
 	summary := map[string]any{"kind": "summary", "op": "consume", "client": clientName(), "count": *count}
-	client, err := pulsar.NewClient(clientOptions(*url, *token, time.Duration(*timeoutMs)*time.Millisecond))
+	client, err := pulsar.NewClient(clientOptions(*url, *token, *trust, time.Duration(*timeoutMs)*time.Millisecond))
 	if err != nil {
 		summary["error"] = "client: " + err.Error()
 		emit(summary)
