@@ -89,6 +89,18 @@ type Config struct {
 	// certificate signed by one of the PEM certificates in it.
 	TLSClientCAFile string
 
+	// WebListen is the host:port of the web port (HTTP): the brokers' admin
+	// REST API and HTTP lookups, forwarded to BrokerWebURLs; "" means none.
+	WebListen string
+	// WebTLSListen is the same over HTTPS, with the TLS certificate
+	// (TLSCertFile, TLSKeyFile; TLSClientCAFile applies too); "" means none.
+	WebTLSListen string
+	// BrokerWebURLs are the brokers' web service URLs (http:// or https://),
+	// required with a web port; requests go to them round robin.
+	BrokerWebURLs []string
+	// WebTimeout bounds one web request, redirects followed included.
+	WebTimeout time.Duration
+
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 	// ProducerPaths builds the producer-path handler of each connection;
@@ -113,6 +125,7 @@ func DefaultConfig() Config {
 		LookupTimeout:        30 * time.Second,
 		DrainTimeout:         30 * time.Second,
 		ReadBufferCap:        256 << 10,
+		WebTimeout:           60 * time.Second,
 	}
 }
 
@@ -166,8 +179,14 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("read-buffer: must be > 0")
 	case c.TLSListen != "" && (c.TLSCertFile == "" || c.TLSKeyFile == ""):
 		return fmt.Errorf("tls-listen: needs tls-cert and tls-key")
-	case c.TLSListen == "" && (c.TLSCertFile != "" || c.TLSClientCAFile != ""):
-		return fmt.Errorf("tls-cert / tls-client-ca: given without tls-listen")
+	case c.WebTLSListen != "" && (c.TLSCertFile == "" || c.TLSKeyFile == ""):
+		return fmt.Errorf("web-tls-listen: needs tls-cert and tls-key")
+	case c.TLSListen == "" && c.WebTLSListen == "" && (c.TLSCertFile != "" || c.TLSClientCAFile != ""):
+		return fmt.Errorf("tls-cert / tls-client-ca: given without tls-listen or web-tls-listen")
+	case (c.WebListen != "" || c.WebTLSListen != "") && len(c.BrokerWebURLs) == 0:
+		return fmt.Errorf("web-listen / web-tls-listen: needs broker-web-url")
+	case c.WebTimeout <= 0:
+		return fmt.Errorf("web-timeout: must be > 0")
 	}
 	if c.TLSListen != "" {
 		if _, _, err := net.SplitHostPort(c.TLSListen); err != nil {

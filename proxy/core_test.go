@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -428,5 +429,29 @@ func TestCoreLookupsBeyondTheConnectionsBoundAreRefused(t *testing.T) {
 	if len(got) != 1 || got[0].GetLookupTopicResponse().GetRequestId() != 3 ||
 		got[0].GetLookupTopicResponse().GetError() != pulsarpb.ServerError_TooManyRequests {
 		t.Fatalf("client got %v", got)
+	}
+}
+
+// Contract 4, the wrong port.
+// Given a fresh connection on the binary port,
+// when its first bytes are an HTTP request, or a TLS handshake record,
+// then it is closed as the wrong protocol, with a reason naming the port to use, and nothing is
+// dialled.
+func TestCoreHTTPOrTLSOnTheBinaryPortIsNamed(t *testing.T) {
+	for _, tc := range []struct {
+		name, first, want string
+	}{
+		{"http", "GET /admin/v2/tenants HTTP/1.1\r\nHost: x\r\n\r\n", "web port"},
+		{"tls", "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", "TLS port"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newCore(t, nil)
+
+			l.feed(l.client, []byte(tc.first))
+
+			if !errors.Is(l.s.reason, ErrWrongProtocol) || !strings.Contains(l.s.reason.Error(), tc.want) || !l.client.gone || l.targets != nil {
+				t.Fatalf("reason %v, closed %v, dialled %v", l.s.reason, l.client.gone, l.targets)
+			}
+		})
 	}
 }

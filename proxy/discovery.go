@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"net"
 	"sync"
 	"sync/atomic"
 
@@ -46,6 +47,21 @@ func (k *knownBrokers) allowed(addr string) bool {
 	}
 	_, ok := k.learned[addr]
 	return ok
+}
+
+// hasHost reports whether host is the host of an address that may be
+// dialled (the web port follows broker redirects to such hosts only).
+func (k *knownBrokers) hasHost(host string) bool {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	for _, m := range []map[string]struct{}{k.fixed, k.learned} {
+		for a := range m {
+			if h, _, err := net.SplitHostPort(a); err == nil && h == host {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // learn records a broker address from a lookup answer ("": none, ignored).

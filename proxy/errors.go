@@ -28,6 +28,10 @@ var (
 	// timeout.
 	ErrIdleTimeout = errors.New("proxy: idle timeout")
 
+	// ErrWrongProtocol means a connection's first bytes are an HTTP request
+	// or a TLS handshake, not a Pulsar frame: the client has the wrong port.
+	ErrWrongProtocol = errors.New("proxy: not the Pulsar binary protocol")
+
 	// ErrBufferLimit means one direction held more than the hard buffer
 	// limit: the receiving side does not keep up (contract 7).
 	ErrBufferLimit = errors.New("proxy: buffer limit exceeded")

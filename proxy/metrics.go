@@ -43,7 +43,7 @@ var closeReasons = [...]string{
 	"client_closed", "broker_closed", "out_of_order", "target_refused",
 	"broker_unreachable", "handshake_timeout", "idle_timeout", "buffer_limit",
 	"truncated", "frame_too_large", "corrupt_frame", "shutdown", "broker_error", "internal_error",
-	"chunk_drain_timeout",
+	"chunk_drain_timeout", "wrong_protocol",
 }
 
 const (
@@ -62,6 +62,7 @@ const (
 	reasonBrokerError
 	reasonInternal
 	reasonChunkDrain
+	reasonWrongProtocol
 )
 
 // reasonIndex maps a close error to its label.
@@ -91,6 +92,8 @@ func reasonIndex(err error) int {
 		return reasonInternal
 	case errors.Is(err, ErrChunkDrainTimeout):
 		return reasonChunkDrain
+	case errors.Is(err, ErrWrongProtocol):
+		return reasonWrongProtocol
 	}
 	return reasonBrokerError
 }
@@ -114,6 +117,15 @@ const (
 var lookupResults = [...]string{"connect", "redirect", "failed", "throttled", "partitioned_metadata",
 	"redirect_followed", "redirect_failed"}
 
+// Web port results (rebatchproxy_web_requests_total), by index.
+const (
+	webForwarded = iota
+	webRefused
+	webBrokerError
+)
+
+var webResults = [...]string{"forwarded", "refused", "broker_error"}
+
 // metrics holds every counter of a Server. All fields are updated with
 // atomics from event loops and read by Collect on the HTTP goroutine.
 type metrics struct {
@@ -134,6 +146,8 @@ type metrics struct {
 	descBudget           *prometheus.Desc
 	panics               atomic.Uint64
 	tlsHandshakeFailures atomic.Uint64
+	web                  [len(webResults)]atomic.Uint64
+	descWeb              *prometheus.Desc
 	descTLSFailures      *prometheus.Desc
 	knownBrokers         func() int
 	descConnsOpen        *prometheus.Desc
@@ -176,6 +190,8 @@ func newMetrics() *metrics {
 			"The memory budget (memory-budget): above it every direction pauses at 256 KiB queued.", nil, nil),
 		descTLSFailures: prometheus.NewDesc("rebatchproxy_tls_handshake_failures_total",
 			"Connections to the TLS listener closed because their TLS handshake failed (plaintext, untrusted or missing client certificate, timeout).", nil, nil),
+		descWeb: prometheus.NewDesc("rebatchproxy_web_requests_total",
+			"Web port requests: forwarded to a broker, refused by the proxy (a path it does not forward, a body too large), or failed towards the brokers (unreachable, a redirect not followed).", []string{"result"}, nil),
 		descKnown: prometheus.NewDesc("rebatchproxy_known_brokers",
 			"Broker addresses a data connection may target (configured plus learned).", nil, nil),
 		descPanics: prometheus.NewDesc("rebatchproxy_internal_errors_total",
@@ -198,7 +214,7 @@ func (m *metrics) countFrame(shard uint32, d direction, t pulsarpb.BaseCommand_T
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.descConnsOpen, m.descConnsTotal, m.descFrames, m.descBytes,
 		m.descCloses, m.descLookups, m.descFlight, m.descPauses, m.descKnown, m.descPanics,
-		m.descParks, m.descParked, m.descHeld, m.descBudget, m.descTLSFailures} {
+		m.descParks, m.descParked, m.descHeld, m.descBudget, m.descTLSFailures, m.descWeb} {
 		ch <- d
 	}
 }
@@ -241,6 +257,9 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.descPanics, prometheus.CounterValue, float64(m.panics.Load()))
 	ch <- prometheus.MustNewConstMetric(m.descParked, prometheus.GaugeValue, float64(m.parked.Load()))
 	ch <- prometheus.MustNewConstMetric(m.descTLSFailures, prometheus.CounterValue, float64(m.tlsHandshakeFailures.Load()))
+	for i, r := range webResults {
+		ch <- prometheus.MustNewConstMetric(m.descWeb, prometheus.CounterValue, float64(m.web[i].Load()), r)
+	}
 	ch <- prometheus.MustNewConstMetric(m.descBudget, prometheus.GaugeValue, float64(m.budget))
 	if m.held != nil {
 		ch <- prometheus.MustNewConstMetric(m.descHeld, prometheus.GaugeValue, float64(m.held()))

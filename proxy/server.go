@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"runtime/debug"
 	"strconv"
 	"sync"
@@ -56,6 +57,9 @@ type Server struct {
 	// tls is the client-facing TLS listener (server_tls.go), nil if none.
 	tls         *tlsServer
 	tlsRefusals sharedLogEvery // failed TLS handshakes, one log line per 10 s
+	// The web port (web.go); written by Serve before the engine boots.
+	webServers []*http.Server
+	webAddrs   []string
 }
 
 // tickInterval is how often timeouts are checked; pausedTick is used while
@@ -86,7 +90,7 @@ func New(cfg Config) (*Server, error) {
 		booted: make(chan struct{}),
 	}
 	s.m.knownBrokers = s.known.count
-	if cfg.TLSListen != "" {
+	if cfg.TLSListen != "" || cfg.WebTLSListen != "" {
 		t, err := loadTLS(&s.cfg)
 		if err != nil {
 			return nil, err
@@ -121,11 +125,15 @@ func (s *Server) Serve() error {
 	} else {
 		opts = append(opts, gnet.WithMulticore(true))
 	}
-	if s.tls != nil {
+	if s.cfg.TLSListen != "" {
 		if err := s.listenTLS(); err != nil {
 			close(s.booted)
 			return err
 		}
+	}
+	if err := s.serveWeb(); err != nil {
+		close(s.booted)
+		return err
 	}
 	err := gnet.Run(s, "tcp://"+s.cfg.Listen, opts...)
 	select {
@@ -192,6 +200,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if s.tls != nil && s.tls.ln != nil {
 		_ = s.tls.ln.Close() // unlike gnet's, this listener can stop alone
 	}
+	s.stopWeb(ctx)
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for s.nsessions.Load() > 0 {

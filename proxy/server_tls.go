@@ -71,7 +71,7 @@ func (s *Server) ReloadTLS() error {
 	return s.tls.reload(&s.cfg)
 }
 
-// TLSAddr returns the TLS listener's address ("" if none). Any goroutine
+// TLSAddr returns the binary TLS listener's address ("" if none). Any goroutine
 // may call it once Serve has started listening (Addr returned).
 func (s *Server) TLSAddr() string {
 	if s.tls == nil || s.tls.ln == nil {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"runtime/debug"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -365,6 +366,12 @@ func (s *session) pump(src side, d direction) action {
 	s.pumpDst, s.pumpBuf, s.pumpRun, s.pumpOff, s.pumpDir, s.pumpFail = dst, buf, 0, 0, d, nil
 	s.need[d] = 0
 	ret := keep
+	if s.state == stAwaitConnect {
+		if err := s.wrongProtocol(buf); err != nil {
+			s.pumpBuf, s.pumpDst = nil, nil
+			return s.fail(err)
+		}
+	}
 loop:
 	for s.pumpOff < len(buf) {
 		f, n, err := wire.ReadFrame(buf[s.pumpOff:], s.maxMsg)
@@ -429,6 +436,32 @@ loop:
 		return s.checkHard(src, s.peer(d), d, src.InboundBuffered())
 	}
 	return ret
+}
+
+// httpMethods are the starts of HTTP requests (the method and its space).
+var httpMethods = []string{"GET ", "POST ", "PUT ", "HEAD ", "DELETE ", "OPTIONS ", "PATCH "}
+
+// wrongProtocol recognises a client that has the wrong port from its first
+// bytes b: an HTTP request (read as a frame it would be a gigabyte long) or
+// a TLS handshake record. It names the port to use.
+func (s *session) wrongProtocol(b []byte) error {
+	for _, m := range httpMethods {
+		if len(b) >= len(m) && string(b[:len(m)]) == m || len(b) < len(m) && string(b) == m[:len(b)] && len(b) >= 4 {
+			web := s.srv.cfg.WebListen
+			if web == "" {
+				web = "none configured: web-listen"
+			}
+			return fmt.Errorf("%w: an HTTP request (%q) on the binary port; HTTP goes to the web port (%s)", ErrWrongProtocol, strings.TrimSpace(m), web)
+		}
+	}
+	if len(b) >= 3 && b[0] == 0x16 && b[1] == 0x03 { // TLS handshake record, version 3.x
+		tlsPort := s.srv.cfg.TLSListen
+		if tlsPort == "" {
+			tlsPort = "none configured: tls-listen"
+		}
+		return fmt.Errorf("%w: a TLS handshake on the plaintext port; pulsar+ssl:// goes to the TLS port (%s)", ErrWrongProtocol, tlsPort)
+	}
+	return nil
 }
 
 // cutThrough decides whether the incomplete frame at the start of b goes

@@ -24,6 +24,10 @@ type options struct {
 	listen         string
 	brokerURLs     listValue
 	allowedBrokers listValue
+	brokerWebURLs  listValue
+	webListen      string
+	webTLSListen   string
+	webTimeout     time.Duration
 	connectTimeout time.Duration
 	handshake      time.Duration
 	idle           time.Duration
@@ -76,6 +80,10 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.IntVar(&o.maxRedirects, "max-lookup-redirects", d.MaxLookupRedirects, "lookup redirects the proxy follows itself, asking each named broker as the client, before answering the client ServiceNotReady; 0 relays redirects to the client instead (the default is the Java client's maxLookupRedirects)")
 	fs.DurationVar(&o.lookupTimeout, "lookup-timeout", d.LookupTimeout, "time allowed for following one lookup's redirects, all hops included")
 	fs.IntVar(&o.eventLoops, "event-loops", d.EventLoops, "gnet event loops (0 = one per CPU)")
+	fs.StringVar(&o.webListen, "web-listen", "", "`host:port` of the web port (HTTP): the brokers' admin REST API (/admin/...) and HTTP lookups (/lookup/...) forwarded to --broker-web-url, broker redirects followed by the proxy")
+	fs.StringVar(&o.webTLSListen, "web-tls-listen", "", "`host:port` of the web port over HTTPS (with --tls-cert, --tls-key, --tls-client-ca)")
+	fs.Var(&o.brokerWebURLs, "broker-web-url", "web service URL of the brokers, http://host:8080 (required with a web port; repeat or comma-separate; requests go to them round robin)")
+	fs.DurationVar(&o.webTimeout, "web-timeout", d.WebTimeout, "time allowed for one web request, broker redirects included")
 	fs.StringVar(&o.tlsListen, "tls-listen", "", "`host:port` of a TLS listener for pulsar+ssl:// clients, beside --listen (brokers are still dialled in plaintext); needs --tls-cert and --tls-key")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate chain `file` of the TLS listener (re-read on SIGHUP)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM private key `file` of the TLS listener (re-read on SIGHUP)")
@@ -270,6 +278,7 @@ func (o *options) proxyConfig() (proxy.Config, error) {
 	c.MemoryBudget = int(o.memoryBudget)
 	c.MaxConcurrentLookups, c.EventLoops, c.ReadBufferCap = o.maxLookups, o.eventLoops, int(o.readBuffer)
 	c.TLSListen, c.TLSCertFile, c.TLSKeyFile, c.TLSClientCAFile = o.tlsListen, o.tlsCert, o.tlsKey, o.tlsClientCA
+	c.WebListen, c.WebTLSListen, c.BrokerWebURLs, c.WebTimeout = o.webListen, o.webTLSListen, o.brokerWebURLs, o.webTimeout
 	c.MaxLookupRedirects, c.LookupTimeout, c.MaxConnectionLookups = o.maxRedirects, o.lookupTimeout, o.maxConnLookups
 	return c, c.Validate()
 }

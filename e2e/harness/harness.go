@@ -281,3 +281,17 @@ func freePort() (int, error) {
 func Attach(serviceURL, adminURL, adminToken string) *Broker {
 	return &Broker{ServiceURL: serviceURL, AdminURL: strings.TrimRight(adminURL, "/"), AdminToken: adminToken, http: newHTTPClient()}
 }
+
+// PulsarHome returns the directory of the Pulsar distribution the harness uses (bin/pulsar,
+// bin/pulsar-admin), fetching it first if needed (e2e/pulsar/pulsar.sh env).
+func PulsarHome(ctx context.Context) (string, error) {
+	vars, err := (&Broker{}).scriptEnv(ctx)
+	if err != nil {
+		return "", err
+	}
+	home := vars["PULSAR_HOME"]
+	if home == "" {
+		return "", fmt.Errorf("%s env gave no PULSAR_HOME", script())
+	}
+	return home, nil
+}

@@ -1,0 +1,208 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// The web port, as Pulsar's proxy has one: the brokers' admin REST API
+// (/admin/...) and HTTP lookups (/lookup/...) forwarded to the configured
+// broker web service URLs (round robin, the next one when one cannot be
+// reached), over HTTP and, with TLS configured, HTTPS. Brokers answer
+// requests for a topic another broker owns with a redirect to that broker;
+// the proxy follows redirects to brokers it knows itself (their web hosts:
+// the configured ones and the hosts of brokers learned from lookups), so the
+// client only ever talks to the proxy. Other paths are refused (404); so is
+// a redirect anywhere else (502). Request bodies are bounded by
+// webBodyLimit; each request, redirects included, by Config.WebTimeout.
+// HTTP lookup answers are forwarded unchanged: they name the brokers' own
+// binary addresses (use the proxy's pulsar:// URL for the binary protocol).
+
+// webBodyLimit bounds a request body the web port forwards (it is kept to
+// replay on redirects). Pulsar's admin bodies are small JSON documents.
+const webBodyLimit = 10 << 20
+
+// webPrefixes are the paths forwarded to brokers.
+var webPrefixes = []string{"/admin/", "/lookup/"}
+
+// webProxy forwards the web port's requests. Its methods are called by
+// net/http on its own goroutines.
+type webProxy struct {
+	srv     *Server
+	targets []*url.URL
+	rr      atomic.Uint32
+	client  *http.Client
+	rp      *httputil.ReverseProxy
+}
+
+func newWebProxy(srv *Server) (*webProxy, error) {
+	w := &webProxy{srv: srv}
+	for _, u := range srv.cfg.BrokerWebURLs {
+		pu, err := url.Parse(u)
+		if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+			return nil, fmt.Errorf("broker-web-url: %q is not an http:// or https:// URL", u)
+		}
+		w.targets = append(w.targets, pu)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DialContext = (&net.Dialer{Timeout: srv.cfg.ConnectTimeout}).DialContext
+	w.client = &http.Client{Transport: tr, Timeout: srv.cfg.WebTimeout, CheckRedirect: w.checkRedirect}
+	w.rp = &httputil.ReverseProxy{
+		Rewrite:      func(*httputil.ProxyRequest) {}, // the target is set by ServeHTTP
+		Transport:    roundTripFunc(w.roundTrip),
+		ErrorHandler: w.fail,
+	}
+	return w, nil
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// errRedirectRefused means a broker redirected to a host the proxy does not
+// know, or too many times; another broker would answer the same.
+var errRedirectRefused = errors.New("redirect not followed")
+
+func (w *webProxy) checkRedirect(req *http.Request, via []*http.Request) error {
+	if len(via) > max(1, w.srv.cfg.MaxLookupRedirects) {
+		return fmt.Errorf("%w: more than %d redirects", errRedirectRefused, max(1, w.srv.cfg.MaxLookupRedirects))
+	}
+	if !w.knownHost(req.URL) {
+		return fmt.Errorf("%w: %s is not a known broker", errRedirectRefused, req.URL.Host)
+	}
+	return nil
+}
+
+// knownHost reports whether u names a configured broker web URL's host:port
+// or the host of a broker the proxy may dial (configured or learned).
+func (w *webProxy) knownHost(u *url.URL) bool {
+	for _, t := range w.targets {
+		if t.Host == u.Host {
+			return true
+		}
+	}
+	return w.srv.known.hasHost(u.Hostname())
+}
+
+// roundTrip sends r to the next broker (the next again if one cannot be
+// reached), following redirects to known brokers.
+func (w *webProxy) roundTrip(r *http.Request) (*http.Response, error) {
+	var body []byte
+	if r.Body != nil {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			return nil, err
+		}
+		body = b
+	}
+	start := w.rr.Add(1)
+	var lastErr error
+	for i := range w.targets {
+		t := w.targets[(int(start)+i)%len(w.targets)]
+		out := r.Clone(r.Context())
+		out.URL.Scheme, out.URL.Host, out.Host = t.Scheme, t.Host, ""
+		out.RequestURI = ""
+		if body != nil {
+			out.Body = io.NopCloser(bytes.NewReader(body))
+			out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+			out.ContentLength = int64(len(body))
+		}
+		resp, err := w.client.Do(out)
+		if err == nil {
+			return resp, nil
+		}
+		lastErr = err
+		if errors.Is(err, errRedirectRefused) {
+			break // the broker answered; another would answer the same
+		}
+	}
+	return nil, lastErr
+}
+
+func (w *webProxy) fail(rw http.ResponseWriter, r *http.Request, err error) {
+	w.srv.m.web[webBrokerError].Add(1)
+	w.srv.log.Warn("web request not forwarded", "method", r.Method, "path", r.URL.Path, "client", r.RemoteAddr, "reason", err.Error())
+	http.Error(rw, "proxy: "+err.Error(), http.StatusBadGateway)
+}
+
+// ServeHTTP implements http.Handler.
+func (w *webProxy) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
+	ok := false
+	for _, p := range webPrefixes {
+		ok = ok || strings.HasPrefix(r.URL.Path, p)
+	}
+	if !ok {
+		w.srv.m.web[webRefused].Add(1)
+		http.Error(rw, fmt.Sprintf("proxy: %s is not forwarded (only %s)", r.URL.Path, strings.Join(webPrefixes, ", ")), http.StatusNotFound)
+		return
+	}
+	if r.ContentLength > webBodyLimit {
+		w.srv.m.web[webRefused].Add(1)
+		http.Error(rw, fmt.Sprintf("proxy: request body over %d bytes", webBodyLimit), http.StatusRequestEntityTooLarge)
+		return
+	}
+	r.Body = http.MaxBytesReader(rw, r.Body, webBodyLimit)
+	w.srv.m.web[webForwarded].Add(1)
+	w.rp.ServeHTTP(rw, r)
+}
+
+// serveWeb starts the web listeners Config names (HTTP, and HTTPS with the
+// TLS listener's certificate). Called by Serve.
+func (s *Server) serveWeb() error {
+	if s.cfg.WebListen == "" && s.cfg.WebTLSListen == "" {
+		return nil
+	}
+	wp, err := newWebProxy(s)
+	if err != nil {
+		return err
+	}
+	start := func(addr string, tc *tls.Config) error {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return err
+		}
+		if tc != nil {
+			ln = tls.NewListener(ln, tc)
+		}
+		hs := &http.Server{Handler: wp, ReadHeaderTimeout: s.cfg.HandshakeTimeout, ErrorLog: nil}
+		s.webServers = append(s.webServers, hs)
+		s.webAddrs = append(s.webAddrs, ln.Addr().String())
+		go func() { _ = hs.Serve(ln) }()
+		return nil
+	}
+	if s.cfg.WebListen != "" {
+		if err := start(s.cfg.WebListen, nil); err != nil {
+			return fmt.Errorf("web-listen: %w", err)
+		}
+	}
+	if s.cfg.WebTLSListen != "" {
+		if err := start(s.cfg.WebTLSListen, s.tls.conf); err != nil {
+			return fmt.Errorf("web-tls-listen: %w", err)
+		}
+	}
+	return nil
+}
+
+// WebAddrs returns the addresses of the web listeners (HTTP first, then
+// HTTPS, as configured). Any goroutine may call it once Addr returned.
+func (s *Server) WebAddrs() []string { return s.webAddrs }
+
+// stopWeb closes the web listeners and waits (within ctx) for requests.
+func (s *Server) stopWeb(ctx context.Context) {
+	for _, hs := range s.webServers {
+		c, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_ = hs.Shutdown(c)
+		cancel()
+	}
+}
