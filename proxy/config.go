@@ -89,6 +89,15 @@ type Config struct {
 	// certificate signed by one of the PEM certificates in it.
 	TLSClientCAFile string
 
+	// BrokerTLS makes every broker connection TLS (broker-url pulsar+ssl://):
+	// brokers are dialled at their TLS addresses (broker_tls.go), with
+	// BrokerTLSTrustCertsFile's CAs (the system's if empty), the hostname
+	// verified unless BrokerTLSNoHostnameVerification, and the client
+	// certificate BrokerTLSCertFile/BrokerTLSKeyFile if given.
+	BrokerTLS                                                    bool
+	BrokerTLSTrustCertsFile, BrokerTLSCertFile, BrokerTLSKeyFile string
+	BrokerTLSNoHostnameVerification                              bool
+
 	// WebListen is the host:port of the web port (HTTP): the brokers' admin
 	// REST API and HTTP lookups, forwarded to BrokerWebURLs; "" means none.
 	WebListen string
@@ -187,6 +196,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("web-listen / web-tls-listen: needs broker-web-url")
 	case c.WebTimeout <= 0:
 		return fmt.Errorf("web-timeout: must be > 0")
+	case !c.BrokerTLS && (c.BrokerTLSTrustCertsFile != "" || c.BrokerTLSCertFile != ""):
+		return fmt.Errorf("broker-tls-trust-certs / broker-tls-cert: given without pulsar+ssl:// broker URLs")
+	case (c.BrokerTLSCertFile == "") != (c.BrokerTLSKeyFile == ""):
+		return fmt.Errorf("broker-tls-cert and broker-tls-key go together")
 	}
 	if c.TLSListen != "" {
 		if _, _, err := net.SplitHostPort(c.TLSListen); err != nil {

@@ -80,11 +80,12 @@ const connReadChunk = 64 << 10
 // closeFlushTimeout bounds writing what is queued for a side being closed.
 const closeFlushTimeout = 5 * time.Second
 
-// connSide is one net.Conn of a session on the net.Conn transport. Its side
-// methods run on the session's connLoop; its reader and writer goroutines
-// touch only the fields under mu.
+// connSide is one net.Conn of a session: both connections of a session on
+// the net.Conn transport, or a TLS broker connection of any session. Its side
+// methods run on the session's executor (a connLoop, or a gnet loop); its
+// reader and writer goroutines touch only the fields under mu.
 type connSide struct {
-	l  *connLoop
+	l  executor
 	e  *end
 	c  net.Conn
 	in []byte // loop-owned: read, not yet consumed
@@ -100,13 +101,15 @@ type connSide struct {
 	writeErr error
 }
 
-// newConnSide starts the reader and writer of c for end e on loop l.
-func newConnSide(l *connLoop, e *end, c net.Conn) *connSide {
+// newConnSide starts the reader and writer of c for end e on executor l.
+func newConnSide(l executor, e *end, c net.Conn) *connSide {
 	k := &connSide{l: l, e: e, c: c}
 	k.cond = sync.NewCond(&k.mu)
-	l.mu.Lock()
-	l.live++
-	l.mu.Unlock()
+	if cl, ok := l.(*connLoop); ok {
+		cl.mu.Lock()
+		cl.live++
+		cl.mu.Unlock()
+	}
 	go k.reader()
 	go k.writer()
 	return k
@@ -243,9 +246,11 @@ func (k *connSide) finish(err error) {
 	k.Close()
 	k.in = nil
 	k.e.s.onClose(k.e, k, err)
-	k.l.mu.Lock()
-	k.l.live--
-	k.l.mu.Unlock()
+	if cl, ok := k.l.(*connLoop); ok {
+		cl.mu.Lock()
+		cl.live--
+		cl.mu.Unlock()
+	}
 }
 
 // Wake implements side.

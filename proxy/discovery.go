@@ -101,7 +101,9 @@ func (k *knownBrokers) nextService(start uint32, i int) string {
 // the new frame to dst; learnedAddr is the address learned ("" if none) and
 // result the lookup-metrics index. For a TLS client (tlsClient), the answer
 // also gets brokerServiceUrlTls (tlsURLFor), the URL such a client names.
-func rewriteLookupResponse(dst []byte, f wire.Frame, cmd *pulsarpb.BaseCommand, tlsClient bool) (out []byte, learnedAddr string, result int, err error) {
+// With TLS to brokers (tlsBrokers), the broker's TLS address is the one
+// named and learned (setBrokerTLSURLs).
+func rewriteLookupResponse(dst []byte, f wire.Frame, cmd *pulsarpb.BaseCommand, tlsClient, tlsBrokers bool) (out []byte, learnedAddr string, result int, err error) {
 	if err := wire.DecodeCommand(f, cmd); err != nil {
 		return dst, "", lookupFailed, err
 	}
@@ -119,6 +121,11 @@ func rewriteLookupResponse(dst []byte, f wire.Frame, cmd *pulsarpb.BaseCommand, 
 	}
 	if u := r.GetBrokerServiceUrl(); u != "" {
 		if a, err := BrokerAddress(u); err == nil {
+			learnedAddr = a
+		}
+	}
+	if tlsBrokers {
+		if a := setBrokerTLSURLs(r); a != "" {
 			learnedAddr = a
 		}
 	}

@@ -163,6 +163,11 @@
 // address (targetAddress), so the allow-list treats both spellings alike.
 // Handshakes are bounded by HandshakeTimeout; a failed one closes the
 // connection with a rate-limited log line naming the reason.
+// With TLS to brokers (Config.BrokerTLS, broker_tls.go), every session's
+// broker side is a connSide on the session's own executor (a gnet loop or
+// a connLoop), since gnet cannot carry TLS; lookup answers are rewritten to
+// name the broker's TLS address in both URL fields, so the proxy dials TLS
+// addresses only.
 //
 // # Goroutines
 //

@@ -158,6 +158,8 @@ func (s *session) takeRedirect(f wire.Frame) (bool, error) {
 		timeout:        s.srv.cfg.LookupTimeout,
 		maxMsg:         s.srv.cfg.MaxMessageSize,
 		known:          s.srv.known,
+		dial:           s.srv.dialBrokerConn,
+		tlsBrokers:     s.srv.brokerTLS != nil,
 	}
 	start := time.Now()
 	go func() {
@@ -200,8 +202,14 @@ func (s *session) finishFollow(p *pendingLookup, out followOutcome, took time.Du
 		result = lookupRedirect
 		resp = out.challenged
 		resp.ProxyThroughServiceUrl = proto.Bool(true)
+		learned := addrOf(resp.GetBrokerServiceUrl())
+		if s.srv.brokerTLS != nil {
+			if a := setBrokerTLSURLs(resp); a != "" {
+				learned = a
+			}
+		}
 		if s.tlsClient {
-			setTLSURL(resp, addrOf(resp.GetBrokerServiceUrl()))
+			setTLSURL(resp, learned)
 		}
 		log.Info("lookup redirect target cannot authenticate the client through the proxy; relaying the redirect to the client",
 			"target", out.target, "reason", out.why.Error())
@@ -209,10 +217,16 @@ func (s *session) finishFollow(p *pendingLookup, out followOutcome, took time.Du
 		result = lookupRedirectFollowed
 		resp = out.answer
 		resp.ProxyThroughServiceUrl = proto.Bool(true)
-		if s.tlsClient {
-			setTLSURL(resp, addrOf(resp.GetBrokerServiceUrl()))
+		learned := addrOf(resp.GetBrokerServiceUrl())
+		if s.srv.brokerTLS != nil {
+			if a := setBrokerTLSURLs(resp); a != "" {
+				learned = a
+			}
 		}
-		s.srv.known.learn(addrOf(resp.GetBrokerServiceUrl()))
+		if s.tlsClient {
+			setTLSURL(resp, learned)
+		}
+		s.srv.known.learn(learned)
 		log.Info("lookup redirect followed", "final_broker", resp.GetBrokerServiceUrl())
 	default:
 		result = lookupFailed
@@ -250,7 +264,7 @@ func addrOf(u string) string {
 	if u == "" {
 		return ""
 	}
-	a, err := BrokerAddress(u)
+	a, err := targetAddress(u)
 	if err != nil {
 		return ""
 	}
@@ -269,6 +283,10 @@ type follow struct {
 	timeout        time.Duration
 	maxMsg         int
 	known          *knownBrokers
+	// dial connects to a broker (TLS when tlsBrokers: the targets are then
+	// the redirects' TLS URLs).
+	dial       func(ctx context.Context, addr string) (net.Conn, error)
+	tlsBrokers bool
 }
 
 // followOutcome is how a chain ended: a broker's final answer (Connect or
@@ -304,11 +322,15 @@ func (fl *follow) run() followOutcome {
 			return out
 		}
 		out.target = redirect.GetBrokerServiceUrl()
+		if fl.tlsBrokers {
+			out.target = redirect.GetBrokerServiceUrlTls()
+		}
 		if out.target == "" {
-			out.err = fmt.Errorf("a broker redirected to no plaintext broker URL (TLS URL %q)", redirect.GetBrokerServiceUrlTls())
+			out.err = fmt.Errorf("a broker redirected to no broker URL the proxy can dial (plaintext %q, TLS %q)",
+				redirect.GetBrokerServiceUrl(), redirect.GetBrokerServiceUrlTls())
 			return out
 		}
-		addr, err := BrokerAddress(out.target)
+		addr, err := targetAddress(out.target)
 		if err != nil {
 			out.err = fmt.Errorf("redirect target %q: %v", out.target, err)
 			return out
@@ -338,8 +360,9 @@ func (fl *follow) run() followOutcome {
 // ask performs one hop: connect to addr as the client, look the topic up,
 // return the broker's answer.
 func (fl *follow) ask(addr string, authoritative bool, deadline time.Time) (*pulsarpb.CommandLookupTopicResponse, error) {
-	d := net.Dialer{Timeout: fl.connectTimeout, Deadline: deadline}
-	nc, err := d.DialContext(fl.ctx, "tcp", addr)
+	dctx, cancel := context.WithDeadline(fl.ctx, deadline)
+	nc, err := fl.dial(dctx, addr)
+	cancel()
 	if err != nil {
 		return nil, err
 	}

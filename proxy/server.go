@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -57,6 +58,9 @@ type Server struct {
 	// tls is the client-facing TLS listener (server_tls.go), nil if none.
 	tls         *tlsServer
 	tlsRefusals sharedLogEvery // failed TLS handshakes, one log line per 10 s
+	// brokerTLS is the TLS configuration towards brokers (broker_tls.go), nil
+	// for plaintext brokers.
+	brokerTLS *tls.Config
 	// The web port (web.go); written by Serve before the engine boots.
 	webServers []*http.Server
 	webAddrs   []string
@@ -90,6 +94,13 @@ func New(cfg Config) (*Server, error) {
 		booted: make(chan struct{}),
 	}
 	s.m.knownBrokers = s.known.count
+	if cfg.BrokerTLS {
+		bt, err := loadBrokerTLS(&s.cfg)
+		if err != nil {
+			return nil, err
+		}
+		s.brokerTLS = bt
+	}
 	if cfg.TLSListen != "" || cfg.WebTLSListen != "" {
 		t, err := loadTLS(&s.cfg)
 		if err != nil {
@@ -99,6 +110,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.clock = time.Now
 	s.dialBroker = s.dialGnet
+	if s.brokerTLS != nil {
+		s.dialBroker = s.dialConnSide // a TLS broker connection cannot be a gnet conn
+	}
 	s.m.held = s.held.Load
 	s.m.budget = int64(cfg.MemoryBudget)
 	s.now.Store(s.clock().UnixNano())

@@ -10,8 +10,6 @@ import (
 	"os"
 	"sync/atomic"
 	"time"
-
-	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
 )
 
 // The client-facing TLS listener (pulsar+ssl://): crypto/tls on a net.Conn,
@@ -131,7 +129,7 @@ func (s *Server) serveTLSConn(nc net.Conn) {
 	loop := newConnLoop()
 	ss := newSession(s, loop, nc.RemoteAddr().String())
 	ss.tlsClient = true
-	ss.dial = s.dialConn
+	ss.dial = s.dialConnSide
 	s.sessions.Store(ss, struct{}{})
 	s.nsessions.Add(1)
 	// On the loop, so the reader's first input finds s.client set.
@@ -148,46 +146,4 @@ func tlsReason(err error) string {
 		return "no handshake within the handshake timeout"
 	}
 	return err.Error()
-}
-
-// dialConn connects a net.Conn-transport session to the first reachable
-// target, on a goroutine of its own, and hands the connection to the
-// session on its loop.
-func (s *Server) dialConn(ss *session, targets []string) {
-	go func() {
-		d := net.Dialer{Timeout: s.cfg.ConnectTimeout}
-		var nc net.Conn
-		var err error
-		for _, a := range targets {
-			if nc, err = d.Dial("tcp", a); err == nil {
-				ss.brokerAddr = a // published to the loop by run
-				break
-			}
-		}
-		loop := ss.exec.(*connLoop)
-		if err != nil {
-			derr := fmt.Errorf("%w: %v", ErrBrokerUnreachable, err)
-			_ = loop.run(func() {
-				if ss.state != stDialing {
-					return
-				}
-				if ss.reason == nil {
-					ss.reason = derr
-				}
-				ss.refuse(pulsarpb.ServerError_ServiceNotReady, "Unable to connect to the broker")
-			})
-			return
-		}
-		if loop.run(func() {
-			b := newConnSide(loop, &ss.brokerEnd, nc)
-			out, ok := ss.onBrokerOpen(b)
-			if !ok {
-				b.Close() // its finish runs the session's onClose, which counts it
-				return
-			}
-			_, _ = b.Write(out)
-		}) != nil {
-			_ = nc.Close()
-		}
-	}()
 }

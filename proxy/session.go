@@ -963,7 +963,7 @@ func (s *session) onLookupResponse(f wire.Frame) (frameAction, error) {
 		return actDone, err
 	}
 	s.lookupDone()
-	b, addr, result, err := rewriteLookupResponse(s.scratch[:0], f, &s.cmd, s.tlsClient)
+	b, addr, result, err := rewriteLookupResponse(s.scratch[:0], f, &s.cmd, s.tlsClient, s.srv.brokerTLS != nil)
 	if err != nil {
 		return 0, err
 	}

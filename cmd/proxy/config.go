@@ -28,6 +28,10 @@ type options struct {
 	webListen      string
 	webTLSListen   string
 	webTimeout     time.Duration
+	brokerTrust    string
+	brokerCert     string
+	brokerKey      string
+	brokerNoVerify bool
 	connectTimeout time.Duration
 	handshake      time.Duration
 	idle           time.Duration
@@ -84,6 +88,10 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.webTLSListen, "web-tls-listen", "", "`host:port` of the web port over HTTPS (with --tls-cert, --tls-key, --tls-client-ca)")
 	fs.Var(&o.brokerWebURLs, "broker-web-url", "web service URL of the brokers, http://host:8080 (required with a web port; repeat or comma-separate; requests go to them round robin)")
 	fs.DurationVar(&o.webTimeout, "web-timeout", d.WebTimeout, "time allowed for one web request, broker redirects included")
+	fs.StringVar(&o.brokerTrust, "broker-tls-trust-certs", "", "PEM CA certificates `file` trusted for pulsar+ssl:// brokers (empty: the system's)")
+	fs.StringVar(&o.brokerCert, "broker-tls-cert", "", "PEM client certificate `file` the proxy presents to pulsar+ssl:// brokers (optional)")
+	fs.StringVar(&o.brokerKey, "broker-tls-key", "", "PEM private key `file` of --broker-tls-cert")
+	fs.BoolVar(&o.brokerNoVerify, "broker-tls-no-hostname-verification", false, "do not check that a pulsar+ssl:// broker's certificate names its host (the chain is still verified)")
 	fs.StringVar(&o.tlsListen, "tls-listen", "", "`host:port` of a TLS listener for pulsar+ssl:// clients, beside --listen (brokers are still dialled in plaintext); needs --tls-cert and --tls-key")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate chain `file` of the TLS listener (re-read on SIGHUP)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM private key `file` of the TLS listener (re-read on SIGHUP)")
@@ -265,13 +273,25 @@ func (b *byteSize) Set(s string) error {
 func (o *options) proxyConfig() (proxy.Config, error) {
 	c := proxy.DefaultConfig()
 	c.Listen = o.listen
+	tlsURLs := 0
 	for _, u := range o.brokerURLs {
-		a, err := proxy.BrokerAddress(u)
+		plain := u
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(u), "pulsar+ssl://"); ok {
+			plain = "pulsar://" + rest
+			tlsURLs++
+		}
+		a, err := proxy.BrokerAddress(plain)
 		if err != nil {
 			return c, fmt.Errorf("broker-url: %q: %v", u, err)
 		}
 		c.Brokers = append(c.Brokers, a)
 	}
+	if tlsURLs > 0 && tlsURLs < len(o.brokerURLs) {
+		return c, fmt.Errorf("broker-url: all pulsar+ssl:// or all pulsar://, not both: the proxy speaks TLS to every broker or to none")
+	}
+	c.BrokerTLS = tlsURLs > 0
+	c.BrokerTLSTrustCertsFile, c.BrokerTLSCertFile, c.BrokerTLSKeyFile = o.brokerTrust, o.brokerCert, o.brokerKey
+	c.BrokerTLSNoHostnameVerification = o.brokerNoVerify
 	c.AllowedBrokers = append(c.AllowedBrokers, o.allowedBrokers...)
 	c.ConnectTimeout, c.HandshakeTimeout, c.IdleTimeout, c.DrainTimeout = o.connectTimeout, o.handshake, o.idle, o.drain
 	c.MaxMessageSize, c.SoftBufferLimit, c.HardBufferLimit = int(o.maxMessageSize), int(o.softLimit), int(o.hardLimit)

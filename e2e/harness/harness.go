@@ -42,6 +42,8 @@ type Broker struct {
 	AdminToken string
 	// TokenSecretFile is the HS256 key of a broker started with token authentication.
 	TokenSecretFile string
+	// ServiceURLTLS is pulsar+ssl://host:port of a broker started with Options.TLS ("" otherwise).
+	ServiceURLTLS string
 
 	instance string // pulsar.sh instance name; empty for a broker we did not start
 	env      []string
@@ -62,6 +64,16 @@ type Options struct {
 	AuthRefreshSeconds int
 	// Instance names the broker's directory under .pulsar/run; empty picks a unique name.
 	Instance string
+	// TLS, when set, adds a TLS binary port with this certificate and key (PEM files made at
+	// test time, e.g. by internal/testcert), trusting CA.
+	TLS *TLSFiles
+}
+
+// TLSFiles are a broker's TLS certificate, key and trusted CA (PEM files).
+type TLSFiles struct {
+	Cert, Key, CA string
+	// RequireClientCert turns on tlsRequireTrustedClientCertOnConnect.
+	RequireClientCert bool
 }
 
 var (
@@ -172,6 +184,15 @@ func StartBroker(opts Options) (*Broker, error) {
 	if opts.AuthRefreshSeconds > 0 {
 		env = append(env, "PULSAR_AUTH_REFRESH_SECONDS="+strconv.Itoa(opts.AuthRefreshSeconds))
 	}
+	if opts.TLS != nil {
+		tlsPort, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		env = append(env, "PULSAR_TLS_PORT="+strconv.Itoa(tlsPort), "PULSAR_TLS_CERT="+opts.TLS.Cert,
+			"PULSAR_TLS_KEY="+opts.TLS.Key, "PULSAR_TLS_CA="+opts.TLS.CA,
+			"PULSAR_TLS_REQUIRE_CLIENT_CERT="+strconv.FormatBool(opts.TLS.RequireClientCert))
+	}
 	if opts.TokenAuth {
 		env = append(env, "PULSAR_AUTH=token")
 	} else {
@@ -193,6 +214,7 @@ func StartBroker(opts Options) (*Broker, error) {
 		return nil, err
 	}
 	b.ServiceURL, b.AdminURL = vars["PULSAR_SERVICE_URL"], vars["PULSAR_ADMIN_URL"]
+	b.ServiceURLTLS = vars["PULSAR_SERVICE_URL_TLS"]
 	b.TokenSecretFile = vars["PULSAR_TOKEN_SECRET_FILE"]
 	if f := vars["PULSAR_ADMIN_TOKEN_FILE"]; f != "" {
 		tok, err := os.ReadFile(f)

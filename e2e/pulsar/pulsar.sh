@@ -20,6 +20,10 @@
 #   PULSAR_AUTH          none|token: token turns on JWT (HS256) authentication [none]
 #   PULSAR_AUTH_REFRESH_SECONDS  authenticationRefreshCheckSeconds: how often the broker checks
 #                        each connection's credentials for expiry and sends AUTH_CHALLENGE [60]
+#   PULSAR_TLS_PORT      when set, also a TLS binary port on 127.0.0.1 (brokerServicePortTls), with
+#   PULSAR_TLS_CERT, PULSAR_TLS_KEY  its PEM certificate and key (made by the caller at test time)
+#   PULSAR_TLS_CA        PEM CA file the broker trusts (tlsTrustCertsFilePath) [none]
+#   PULSAR_TLS_REQUIRE_CLIENT_CERT  true|false: tlsRequireTrustedClientCertOnConnect [false]
 #   PULSAR_HEAP          JVM heap, at most 1g by design [1g]
 #   PULSAR_READY_TIMEOUT seconds to wait for readiness [180]
 #   PULSAR_EXTRA_CONF    extra "key=value" lines appended to the broker config
@@ -43,6 +47,11 @@ PULSAR_MAX_MESSAGE_SIZE=${PULSAR_MAX_MESSAGE_SIZE:-5242880}
 PULSAR_AUTH=${PULSAR_AUTH:-none}
 PULSAR_AUTH_REFRESH_SECONDS=${PULSAR_AUTH_REFRESH_SECONDS:-60}
 PULSAR_HEAP=${PULSAR_HEAP:-1g}
+PULSAR_TLS_PORT=${PULSAR_TLS_PORT:-}
+PULSAR_TLS_CERT=${PULSAR_TLS_CERT:-}
+PULSAR_TLS_KEY=${PULSAR_TLS_KEY:-}
+PULSAR_TLS_CA=${PULSAR_TLS_CA:-}
+PULSAR_TLS_REQUIRE_CLIENT_CERT=${PULSAR_TLS_REQUIRE_CLIENT_CERT:-false}
 PULSAR_READY_TIMEOUT=${PULSAR_READY_TIMEOUT:-180}
 PULSAR_EXTRA_CONF=${PULSAR_EXTRA_CONF:-}
 
@@ -164,6 +173,16 @@ EOF
   elif [ "$PULSAR_AUTH" != none ]; then
     die "PULSAR_AUTH must be none or token, not '$PULSAR_AUTH'"
   fi
+  if [ -n "$PULSAR_TLS_PORT" ]; then
+    [ -f "$PULSAR_TLS_CERT" ] && [ -f "$PULSAR_TLS_KEY" ] || die "PULSAR_TLS_PORT needs PULSAR_TLS_CERT and PULSAR_TLS_KEY files"
+    cat >>"$conf" <<EOF
+brokerServicePortTls=$PULSAR_TLS_PORT
+tlsCertificateFilePath=$PULSAR_TLS_CERT
+tlsKeyFilePath=$PULSAR_TLS_KEY
+tlsTrustCertsFilePath=$PULSAR_TLS_CA
+tlsRequireTrustedClientCertOnConnect=$PULSAR_TLS_REQUIRE_CLIENT_CERT
+EOF
+  fi
   if [ -n "$PULSAR_EXTRA_CONF" ]; then printf '%s\n' "$PULSAR_EXTRA_CONF" >>"$conf"; fi
   echo "$conf"
 }
@@ -243,6 +262,7 @@ cmd_status() {
 cmd_env() {
   echo "PULSAR_SERVICE_URL=pulsar://127.0.0.1:$PULSAR_BROKER_PORT"
   echo "PULSAR_ADMIN_URL=$web"
+  if [ -n "$PULSAR_TLS_PORT" ]; then echo "PULSAR_SERVICE_URL_TLS=pulsar+ssl://127.0.0.1:$PULSAR_TLS_PORT"; fi
   if [ -f "$run/admin.token" ]; then echo "PULSAR_ADMIN_TOKEN_FILE=$run/admin.token"; fi
   if [ -f "$run/secret.key" ]; then echo "PULSAR_TOKEN_SECRET_FILE=$run/secret.key"; fi
   echo "PULSAR_HOME=$dist"
