@@ -119,23 +119,28 @@ func rewriteLookupResponse(dst []byte, f wire.Frame, cmd *pulsarpb.BaseCommand, 
 	default:
 		return append(dst, f.Bytes()...), "", lookupFailed, nil
 	}
-	if u := r.GetBrokerServiceUrl(); u != "" {
-		if a, err := BrokerAddress(u); err == nil {
-			learnedAddr = a
-		}
-	}
+	learnedAddr = throughProxy(r, tlsClient, tlsBrokers)
+	out, err = wire.AppendCommandFrame(dst, cmd)
+	return out, learnedAddr, result, err
+}
+
+// throughProxy rewrites a Connect or Redirect answer so the client comes
+// back through the proxy (proxy_through_service_url=true) naming a broker
+// address the proxy dials: the broker's TLS address with TLS to brokers, and
+// for a TLS client a pulsar+ssl:// URL as well. It returns that address.
+func throughProxy(r *pulsarpb.CommandLookupTopicResponse, tlsClient, tlsBrokers bool) (addr string) {
+	addr = addrOf(r.GetBrokerServiceUrl())
 	if tlsBrokers {
 		if a := setBrokerTLSURLs(r); a != "" {
-			learnedAddr = a
+			addr = a
 		}
 	}
 	t := true
 	r.ProxyThroughServiceUrl = &t
 	if tlsClient {
-		setTLSURL(r, learnedAddr)
+		setTLSURL(r, addr)
 	}
-	out, err = wire.AppendCommandFrame(dst, cmd)
-	return out, learnedAddr, result, err
+	return addr
 }
 
 // setTLSURL gives a TLS client's lookup answer the broker URL it will name in

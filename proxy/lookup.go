@@ -201,31 +201,13 @@ func (s *session) finishFollow(p *pendingLookup, out followOutcome, took time.Du
 	case out.challenged != nil:
 		result = lookupRedirect
 		resp = out.challenged
-		resp.ProxyThroughServiceUrl = proto.Bool(true)
-		learned := addrOf(resp.GetBrokerServiceUrl())
-		if s.srv.brokerTLS != nil {
-			if a := setBrokerTLSURLs(resp); a != "" {
-				learned = a
-			}
-		}
-		if s.tlsClient {
-			setTLSURL(resp, learned)
-		}
+		throughProxy(resp, s.tlsClient, s.srv.brokerTLS != nil)
 		log.Info("lookup redirect target cannot authenticate the client through the proxy; relaying the redirect to the client",
 			"target", out.target, "reason", out.why.Error())
 	case out.answer.GetResponse() == pulsarpb.CommandLookupTopicResponse_Connect:
 		result = lookupRedirectFollowed
 		resp = out.answer
-		resp.ProxyThroughServiceUrl = proto.Bool(true)
-		learned := addrOf(resp.GetBrokerServiceUrl())
-		if s.srv.brokerTLS != nil {
-			if a := setBrokerTLSURLs(resp); a != "" {
-				learned = a
-			}
-		}
-		if s.tlsClient {
-			setTLSURL(resp, learned)
-		}
+		learned := throughProxy(resp, s.tlsClient, s.srv.brokerTLS != nil)
 		s.srv.known.learn(learned)
 		log.Info("lookup redirect followed", "final_broker", resp.GetBrokerServiceUrl())
 	default:
