@@ -79,6 +79,19 @@ func TestReadmeMatchesMatrix(t *testing.T) {
 		t.Fatalf("README.md has no %q ... %q markers", readmeBegin, readmeEnd)
 	}
 	if want != string(readme) {
-		t.Fatal("README.md's compatibility matrix differs from e2e/compat/MATRIX.md; run: go test ./e2e/compat -run TestMatrix -update-readme")
+		wl, rl := strings.Split(want, "\n"), strings.Split(string(readme), "\n")
+		i := 0
+		for i < len(wl) && i < len(rl) && wl[i] == rl[i] {
+			i++
+		}
+		got, exp := "<end>", "<end>"
+		if i < len(rl) {
+			got = rl[i]
+		}
+		if i < len(wl) {
+			exp = wl[i]
+		}
+		t.Fatalf("README.md's compatibility matrix differs from e2e/compat/MATRIX.md (%s, %s) at README line %d:\n  README: %.200s\n  MATRIX: %.200s\nrun: go test ./e2e/compat -run TestMatrix -update-readme",
+			filepath.Join(harness.RepoRoot(), "README.md"), filepath.Join(packageDir(), "MATRIX.md"), i+1, got, exp)
 	}
 }

@@ -46,7 +46,7 @@ var columns = []column{
 	{"token-good", "good token", ""},
 	{"token-bad", "bad token refused", ""},
 	{"redirect", "redirected lookup", ""},
-	{"tls", "TLS to the proxy", ""},
+	{"tls", "TLS, both hops", ""},
 }
 
 func columnByID(id string) column {
@@ -151,8 +151,32 @@ type env struct {
 	rdLogs  *harness.LogBuffer
 	rdErr   error
 
-	tlsURL string // pulsar+ssl://localhost:<port> of the TLS listener of the proxy at url
-	tlsCA  string // the CA file its clients trust
+	// Ready with rdReady: a proxy in front of broker B speaking TLS to B's TLS port, with a TLS
+	// listener of its own at tlsURL (pulsar+ssl://localhost:<port>); clients trust tlsCA.
+	tlsURL string
+	tlsCA  string
+	tlsErr error
+}
+
+// startTLSProxy runs a proxy speaking TLS to b's TLS port, with a TLS listener (certs), and
+// returns the listener's pulsar+ssl://localhost URL and a function that stops the proxy.
+func startTLSProxy(b *harness.Broker, certs testcert.Files) (string, func(), error) {
+	if b.ServiceURLTLS == "" {
+		return "", nil, fmt.Errorf("broker B has no TLS port")
+	}
+	addr, err := proxy.BrokerAddress("pulsar://" + strings.TrimPrefix(b.ServiceURLTLS, "pulsar+ssl://"))
+	if err != nil {
+		return "", nil, err
+	}
+	p, _, err := startProxyWith(b, slog.LevelWarn, func(c *proxy.Config) {
+		c.Brokers, c.BrokerTLS, c.BrokerTLSTrustCertsFile = []string{addr}, true, certs.CA
+		c.TLSListen, c.TLSCertFile, c.TLSKeyFile = "127.0.0.1:0", certs.ServerCert, certs.ServerKey
+	})
+	if err != nil {
+		return "", nil, err
+	}
+	_, port, _ := net.SplitHostPort(p.Server.TLSAddr())
+	return "pulsar+ssl://localhost:" + port, p.Stop, nil
 }
 
 var unsafeChars = regexp.MustCompile(`[^a-zA-Z0-9-]`)
@@ -224,16 +248,13 @@ func TestMatrix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	px, logs, err := startProxyWith(e.b, slog.LevelWarn, func(c *proxy.Config) {
-		c.TLSListen, c.TLSCertFile, c.TLSKeyFile = "127.0.0.1:0", certs.ServerCert, certs.ServerKey
-	})
+	url, logs, stop, err := startProxy(e.b, slog.LevelWarn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer px.Stop()
-	e.url = px.URL
-	_, tlsPort, _ := net.SplitHostPort(px.Server.TLSAddr())
-	e.tlsURL, e.tlsCA = "pulsar+ssl://localhost:"+tlsPort, certs.CA
+	defer stop()
+	e.url = url
+	e.tlsCA = certs.CA
 	e.bad = harness.SignToken([]byte("not-the-broker-key-not-the-broker-key"), "compat")
 	var tokStop func()
 	var tokLogs *harness.LogBuffer
@@ -247,18 +268,25 @@ func TestMatrix(t *testing.T) {
 			e.tokURL, tokLogs, tokStop, e.tokErr = startProxy(e.tok, slog.LevelWarn)
 		}
 	}()
-	var rdStop func()
+	var rdStop, tlsStop func()
+	defer func() {
+		if tlsStop != nil {
+			tlsStop()
+		}
+	}()
 	go func() {
 		defer close(e.rdReady)
 		// After the token broker: two brokers starting at once on a small machine, next to the
 		// first drivers, take more than twice as long each.
 		<-e.tokReady
-		b, err := harness.StartBroker(harness.Options{})
+		// B also has a TLS port: the TLS column goes through a proxy speaking TLS to it.
+		b, err := harness.StartBroker(harness.Options{TLS: &harness.TLSFiles{Cert: certs.ServerCert, Key: certs.ServerKey, CA: certs.CA}})
 		if err != nil {
 			e.rdErr = fmt.Errorf("starting broker B: %w", err)
 			return
 		}
 		e.rd.B = b
+		e.tlsURL, tlsStop, e.tlsErr = startTLSProxy(b, certs)
 		if e.rd, e.rdErr = harness.SetUpRedirect(t, e.b, b); e.rdErr != nil {
 			return
 		}
@@ -685,9 +713,19 @@ func chunked(ctx context.Context, r *row, e *env) {
 	}
 }
 
-// overTLS produces and consumes through the proxy's TLS listener (pulsar+ssl://, the test CA
-// trusted, hostname verified); the proxy speaks plaintext to the broker.
+// overTLS produces and consumes through a proxy's TLS listener (pulsar+ssl://, the test CA
+// trusted, hostname verified) that speaks TLS to broker B's TLS port.
 func overTLS(ctx context.Context, r *row, e *env) {
+	select {
+	case <-e.rdReady:
+	case <-ctx.Done():
+		r.fail("tls", "timed out waiting for broker B and its TLS proxy")
+		return
+	}
+	if e.rdErr != nil || e.tlsErr != nil {
+		r.fail("tls", "no TLS broker with a TLS proxy: %v %v", e.rdErr, e.tlsErr)
+		return
+	}
 	roundTrip(ctx, r, "tls", drivers.ProduceSpec{URL: e.tlsURL, TLSTrustCerts: e.tlsCA, Topic: topicName(r.d, "tls")}, "t")
 }
 
