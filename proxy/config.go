@@ -80,7 +80,7 @@ type Config struct {
 
 	// TLSListen is the host:port of the client-facing TLS listener
 	// (pulsar+ssl:// clients); "" means none. Its sessions run on the
-	// net.Conn transport; brokers are dialled in plaintext.
+	// net.Conn transport; brokers are dialled as BrokerTLS says.
 	TLSListen string
 	// TLSCertFile and TLSKeyFile are the listener's certificate chain and
 	// key (PEM), required with TLSListen and re-read by Server.ReloadTLS.

@@ -92,7 +92,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.brokerCert, "broker-tls-cert", "", "PEM client certificate `file` the proxy presents to pulsar+ssl:// brokers (optional)")
 	fs.StringVar(&o.brokerKey, "broker-tls-key", "", "PEM private key `file` of --broker-tls-cert")
 	fs.BoolVar(&o.brokerNoVerify, "broker-tls-no-hostname-verification", false, "do not check that a pulsar+ssl:// broker's certificate names its host (the chain is still verified)")
-	fs.StringVar(&o.tlsListen, "tls-listen", "", "`host:port` of a TLS listener for pulsar+ssl:// clients, beside --listen (brokers are still dialled in plaintext); needs --tls-cert and --tls-key")
+	fs.StringVar(&o.tlsListen, "tls-listen", "", "`host:port` of a TLS listener for pulsar+ssl:// clients, beside --listen (brokers are dialled as --broker-url says: pulsar:// or pulsar+ssl://); needs --tls-cert and --tls-key")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate chain `file` of the TLS listener (re-read on SIGHUP)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM private key `file` of the TLS listener (re-read on SIGHUP)")
 	fs.StringVar(&o.tlsClientCA, "tls-client-ca", "", "PEM CA certificates `file`: when set, TLS clients must present a certificate one of them signed")
