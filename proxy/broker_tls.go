@@ -96,16 +96,7 @@ func (s *Server) dialConnSide(ss *session, targets []string) {
 			}
 		}
 		if err != nil {
-			derr := fmt.Errorf("%w: %v", ErrBrokerUnreachable, err)
-			_ = ss.exec.run(func() {
-				if ss.state != stDialing {
-					return
-				}
-				if ss.reason == nil {
-					ss.reason = derr
-				}
-				ss.refuse(pulsarpb.ServerError_ServiceNotReady, "Unable to connect to the broker")
-			})
+			ss.dialFailed(err)
 			return
 		}
 		if ss.exec.run(func() {

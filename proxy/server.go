@@ -18,7 +18,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rebatchproxy/rebatchproxy/chunkdedup"
-	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
 )
 
 // Server is the proxy: one gnet engine serving clients, with each client's
@@ -412,16 +411,7 @@ func (srv *Server) dialAndEnroll(s *session, el gnet.EventLoop, targets []string
 	if err == nil {
 		return
 	}
-	derr := fmt.Errorf("%w: %v", ErrBrokerUnreachable, err)
-	_ = s.exec.run(func() {
-		if s.state != stDialing {
-			return
-		}
-		if s.reason == nil {
-			s.reason = derr
-		}
-		s.refuse(pulsarpb.ServerError_ServiceNotReady, "Unable to connect to the broker")
-	})
+	s.dialFailed(err)
 }
 
 // gnetLogger sends gnet's own log lines to slog (gnet info lines at debug).

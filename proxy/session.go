@@ -836,6 +836,21 @@ func (s *session) onConnect(f wire.Frame) (frameAction, error) {
 	return actStop, nil
 }
 
+// dialFailed answers the client's CONNECT with ServiceNotReady when no
+// target could be reached. Any goroutine (the transports' dialers).
+func (s *session) dialFailed(err error) {
+	derr := fmt.Errorf("%w: %v", ErrBrokerUnreachable, err)
+	_ = s.exec.run(func() {
+		if s.state != stDialing {
+			return
+		}
+		if s.reason == nil {
+			s.reason = derr
+		}
+		s.refuse(pulsarpb.ServerError_ServiceNotReady, "Unable to connect to the broker")
+	})
+}
+
 // refuse answers the client's CONNECT with an ERROR, as Pulsar's proxy does,
 // and closes the client once it is written.
 func (s *session) refuse(code pulsarpb.ServerError, msg string) {

@@ -261,7 +261,12 @@ func (p *ProcessProxy) PeakRSS() (int64, error) {
 	if p.cmd == nil {
 		return 0, fmt.Errorf("the proxy is not running")
 	}
-	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	return PeakRSS(p.cmd.Process.Pid)
+}
+
+// PeakRSS returns process pid's peak resident set size in bytes (VmHWM of /proc/pid/status).
+func PeakRSS(pid int) (int64, error) {
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
 	}
@@ -271,5 +276,5 @@ func (p *ProcessProxy) PeakRSS() (int64, error) {
 			return kb << 10, err
 		}
 	}
-	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", p.cmd.Process.Pid)
+	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", pid)
 }

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rebatchproxy/rebatchproxy/e2e/faultrelay"
+	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
 	"github.com/rebatchproxy/rebatchproxy/wire"
 	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
 )
@@ -73,7 +74,7 @@ func main() {
 		stop := px.sampleHeld()
 		runErr := l.run(px)
 		heldPeak := stop()
-		peak, _ := px.peakRSS()
+		peak, _ := harness.PeakRSS(px.cmd.Process.Pid)
 		closes := px.errorCloses()
 		px.stop()
 		fmt.Printf("%-34s %7.0f MiB %10d MiB %10.1f MiB %s\n", l.name, float64(peak)/(1<<20), budgetBytes>>20, heldPeak/(1<<20), closes)
@@ -174,21 +175,6 @@ func (p *proc) heapProfile(name string) {
 	}
 	defer f.Close()
 	_, _ = f.ReadFrom(resp.Body)
-}
-
-// peakRSS is the process's VmHWM.
-func (p *proc) peakRSS() (int64, error) {
-	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, l := range strings.Split(string(st), "\n") {
-		if f := strings.Fields(l); len(f) == 3 && f[0] == "VmHWM:" {
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, errors.New("no VmHWM")
 }
 
 // metric returns the value of the first /metrics line starting with prefix.
