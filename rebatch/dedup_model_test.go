@@ -15,46 +15,80 @@ import (
 )
 
 // A model of the engine between real clients and a real broker with de-duplication on. The
-// broker is apache/pulsar's MessageDeduplication.isDuplicateNormal: per producer name one mark;
-// an entry whose sequence_id is at or below it is a duplicate (answered -1:-1, not stored),
-// otherwise it is stored and the mark becomes max(sequence_id, highest_sequence_id). Entries
-// are persisted as they are judged, so "pushed" and "persisted" are one mark here. The client
-// numbers its sends as one of the released batchers does, resends every unacknowledged send
-// after a fault, and checks each receipt against the head of its queue, as clients do.
+// broker is apache/pulsar's MessageDeduplication.isDuplicateNormal: per producer name a pushed
+// and a persisted mark. An entry arrives and is judged: at or below the pushed mark it is a
+// duplicate (answered -1:-1 at once, not stored) if also at or below the persisted mark, else
+// the broker "cannot determine" (a PersistenceError, also at once); above it the entry is stored,
+// the pushed mark becomes max(sequence_id, highest_sequence_id), and once the entry is written
+// the persisted mark does too and its receipt goes out. The client numbers its sends as one of
+// the released batchers does, checks each receipt against the head of its queue, and, as every
+// released client does, resends everything unacknowledged after a connection fault or a send
+// error.
 
 // brokerModel is the broker side: de-duplication marks per producer name and what is stored.
 type brokerModel struct {
-	marks  map[string]int64
-	stored map[string]int // message body -> copies stored
-	entry  uint64
+	pushed, persisted map[string]int64
+	stored            map[string]int // message body -> copies stored
+	entry             uint64
 }
 
 func newBrokerModel() *brokerModel {
-	return &brokerModel{marks: map[string]int64{}, stored: map[string]int{}}
+	return &brokerModel{pushed: map[string]int64{}, persisted: map[string]int64{}, stored: map[string]int{}}
 }
 
+// mark is the producer's last_sequence_id as CommandProducerSuccess gives it: the persisted mark.
 func (b *brokerModel) mark(name string) int64 {
-	if m, ok := b.marks[name]; ok {
+	if m, ok := b.persisted[name]; ok {
 		return m
 	}
 	return -1
 }
 
-// judge takes one SEND under producer name and returns the receipt's ledger:entry.
-func (b *brokerModel) judge(t testing.TB, name string, f wire.Frame) (uint64, uint64) {
+// verdict is the broker's judgement of an arriving entry.
+type verdict int
+
+const (
+	isNew verdict = iota
+	isDuplicate
+	undecided // "Cannot determine whether the message is a duplicate at this time"
+)
+
+// arrive judges one SEND under producer name as it reaches the broker; a new entry is stored.
+func (b *brokerModel) arrive(t testing.TB, name string, f wire.Frame) verdict {
 	s, err := wire.ParseSend(f)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m, ok := b.marks[name]; ok && int64(s.SequenceID) <= m {
-		return ^uint64(0), ^uint64(0)
+	if m, ok := b.pushed[name]; ok && int64(s.SequenceID) <= m {
+		if int64(s.SequenceID) <= b.mark(name) {
+			return isDuplicate
+		}
+		return undecided
 	}
-	b.marks[name] = int64(max(s.SequenceID, s.HighestSequenceID))
+	b.pushed[name] = int64(max(s.SequenceID, s.HighestSequenceID))
 	for _, body := range bodiesOf(t, f) {
 		b.stored[body]++
 	}
+	return isNew
+}
+
+// persist completes the write of an arrived new entry and returns its receipt's ledger:entry.
+func (b *brokerModel) persist(t testing.TB, name string, f wire.Frame) (uint64, uint64) {
+	s, err := wire.ParseSend(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.persisted[name] = max(b.mark(name), int64(max(s.SequenceID, s.HighestSequenceID)))
 	b.entry++
 	return 1, b.entry
+}
+
+// judge has one SEND arrive and, when new, be written: a broker with nothing else in flight.
+func (b *brokerModel) judge(t testing.TB, name string, f wire.Frame) (uint64, uint64) {
+	if b.arrive(t, name, f) != isNew {
+		return dupLedger, dupLedger
+	}
+	return b.persist(t, name, f)
 }
 
 // bodiesOf returns the message payloads of a SEND, batched or not.
@@ -205,16 +239,20 @@ func clientFlush(t testing.TB, style numberingStyle, msgs []modelMsg, next *uint
 
 // modelRun is one run of the model: a policy, a style, and a script of operations.
 type modelRun struct {
-	t      testing.TB
-	pol    Policy
-	broker *brokerModel
-	p      *Producer
-	names  map[uint64]string // broker producer id -> name
-	nextID uint64
-	wire   []wire.Frame // frames sent to the broker and not yet judged
-	queue  []modelSend  // client sends awaiting their receipt, in order
-	now    time.Time
-	faults int
+	t       testing.TB
+	pol     Policy
+	broker  *brokerModel
+	p       *Producer
+	names   map[uint64]string // broker producer id -> name
+	nextID  uint64
+	wire    []wire.Frame // frames sent to the broker and not yet judged
+	arrived []wire.Frame // new entries the broker is writing, oldest first
+	queue   []modelSend  // client sends awaiting their receipt, in order
+	now     time.Time
+	faults  int // connection faults
+	// broken: the client got a send error and will reconnect; errors counts those reconnects.
+	broken bool
+	errors int
 }
 
 func (r *modelRun) connect() {
@@ -223,7 +261,7 @@ func (r *modelRun) connect() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.p, r.names, r.wire = p, map[uint64]string{pid: "p"}, nil
+	r.p, r.names, r.wire, r.broken = p, map[uint64]string{pid: "p"}, nil, false
 	if r.pol.Kind == Buckets {
 		var out Output
 		if err := p.OpenLanes("persistent://a/b/t", nil, func() uint64 { r.nextID++; return r.nextID }, &out); err != nil {
@@ -266,6 +304,17 @@ func (r *modelRun) take(out *Output) {
 	t := r.t
 	r.wire = append(r.wire, frames(t, slices.Clone(out.Broker))...)
 	for _, f := range frames(t, out.Client) {
+		if r.broken {
+			return // the client has closed the connection
+		}
+		if f.Type() == pulsarpb.BaseCommand_SEND_ERROR {
+			// Every released client closes the connection on this error and resends (reconnect).
+			if modelTrace != nil {
+				modelTrace("client got a send error; it reconnects")
+			}
+			r.broken = true
+			return
+		}
 		if f.Type() != pulsarpb.BaseCommand_SEND_RECEIPT {
 			t.Fatalf("engine wrote %v to the client", f.Type())
 		}
@@ -280,8 +329,9 @@ func (r *modelRun) take(out *Output) {
 	}
 }
 
-// deliver has the broker judge the oldest frame in flight and the engine take its receipt.
-func (r *modelRun) deliver() {
+// arriveOne has the broker judge the oldest frame on the wire: a duplicate is answered -1:-1
+// and an undecidable one with an error, both at once; a new one is written (persistOne).
+func (r *modelRun) arriveOne() {
 	f := r.wire[0]
 	r.wire = r.wire[1:]
 	s, err := wire.ParseSend(f)
@@ -292,10 +342,35 @@ func (r *modelRun) deliver() {
 	if !ok {
 		r.t.Fatalf("entry for unknown broker producer %d", s.ProducerID)
 	}
-	ledger, entry := r.broker.judge(r.t, name, f)
+	v := r.broker.arrive(r.t, name, f)
 	if modelTrace != nil {
-		modelTrace("broker %s seq=%d highest=%d bodies=%v -> %d:%d (mark %d)", name, s.SequenceID, s.HighestSequenceID, bodiesOf(r.t, f), ledger, entry, r.broker.mark(name))
+		modelTrace("broker %s seq=%d highest=%d bodies=%v -> verdict %d (pushed %d persisted %d)", name, s.SequenceID, s.HighestSequenceID, bodiesOf(r.t, f), v, r.broker.pushed[name], r.broker.mark(name))
 	}
+	var out Output
+	switch v {
+	case isNew:
+		r.arrived = append(r.arrived, f)
+		return
+	case isDuplicate:
+		err = r.p.Receipt(wire.SendReceipt{ProducerID: s.ProducerID, SequenceID: s.SequenceID, HighestSequenceID: s.HighestSequenceID,
+			HasMessageID: true, LedgerID: dupLedger, EntryID: dupLedger}, &out)
+	case undecided:
+		err = r.p.SendError(s.ProducerID, max(s.SequenceID, s.HighestSequenceID), pulsarpb.ServerError_PersistenceError,
+			"Cannot determine whether the message is a duplicate at this time", &out)
+	}
+	if err != nil {
+		r.t.Fatalf("broker answer: %v", err)
+	}
+	r.take(&out)
+}
+
+// persistOne completes the oldest write the broker has in progress and hands its receipt to
+// the engine.
+func (r *modelRun) persistOne() {
+	f := r.arrived[0]
+	r.arrived = r.arrived[1:]
+	s, _ := wire.ParseSend(f)
+	ledger, entry := r.broker.persist(r.t, r.names[s.ProducerID], f)
 	var out Output
 	if err := r.p.Receipt(wire.SendReceipt{ProducerID: s.ProducerID, SequenceID: s.SequenceID, HighestSequenceID: s.HighestSequenceID,
 		HasMessageID: true, LedgerID: ledger, EntryID: entry}, &out); err != nil {
@@ -304,21 +379,42 @@ func (r *modelRun) deliver() {
 	r.take(&out)
 }
 
-// fault has the broker store the first n frames in flight, then loses the connection: the
-// receipts of those n, the rest of the wire and the engine's open batches are gone.
-func (r *modelRun) fault(n int) {
+// lose ends the connection after the broker took the first n frames on the wire: the writes
+// in progress complete, every answer not yet given is lost, and so are the rest of the wire and
+// the engine's open batches; the client reconnects and resends.
+func (r *modelRun) lose(n int) {
 	for _, f := range r.wire[:min(n, len(r.wire))] {
 		s, _ := wire.ParseSend(f)
-		l, e := r.broker.judge(r.t, r.names[s.ProducerID], f)
-		if modelTrace != nil {
-			modelTrace("fault: broker %s seq=%d highest=%d bodies=%v -> %d:%d", r.names[s.ProducerID], s.SequenceID, s.HighestSequenceID, bodiesOf(r.t, f), l, e)
+		if r.broker.arrive(r.t, r.names[s.ProducerID], f) == isNew {
+			r.arrived = append(r.arrived, f)
 		}
 	}
-	if modelTrace != nil {
-		modelTrace("fault after %d frames; %d lost", min(n, len(r.wire)), len(r.wire)-min(n, len(r.wire)))
+	for _, f := range r.arrived {
+		s, _ := wire.ParseSend(f)
+		r.broker.persist(r.t, r.names[s.ProducerID], f)
 	}
-	r.faults++
+	if modelTrace != nil {
+		modelTrace("connection lost after %d frames; %d lost", min(n, len(r.wire)), len(r.wire)-min(n, len(r.wire)))
+	}
+	r.arrived = nil
 	r.connect()
+}
+
+// fault is a connection fault after the broker took the first n frames on the wire.
+func (r *modelRun) fault(n int) {
+	r.faults++
+	r.lose(n)
+}
+
+// settle reconnects the client, as often as it takes, after a send error broke its connection.
+func (r *modelRun) settle() {
+	for tries := 0; r.broken; tries++ {
+		if tries > 1000 {
+			r.t.Fatal("the client reconnects for ever")
+		}
+		r.errors++
+		r.lose(0)
+	}
 }
 
 // runModel plays a script from fuzz bytes and returns the run and the client's sends in the
@@ -344,6 +440,9 @@ func runModel(t testing.TB, data []byte) (*modelRun, numberingStyle, []modelSend
 	}
 	pol.MaxMessages = 1 + int(take()%6)
 	pol.HoldWhenIdle = take()%2 == 0
+	// One script in four has no connection faults, so the broker must store exactly what it
+	// stores directly (checkModel).
+	faulty := take()%4 != 0
 	r := &modelRun{t: t, pol: pol, broker: newBrokerModel(), nextID: 100, now: t0}
 	r.connect()
 	var next uint64
@@ -371,11 +470,17 @@ func runModel(t testing.TB, data []byte) (*modelRun, numberingStyle, []modelSend
 			for _, s := range clientFlush(t, style, msgs, &next, custom) {
 				made = append(made, s)
 				r.queue = append(r.queue, s)
-				r.send(s)
+				if !r.broken { // else it goes with the resends
+					r.send(s)
+				}
 			}
-		case op < 200: // the broker answers some entries
+		case op < 150: // entries reach the broker
 			for k := int(op % 4); k >= 0 && len(r.wire) > 0; k-- {
-				r.deliver()
+				r.arriveOne()
+			}
+		case op < 200: // the broker finishes writing some entries
+			for k := int(op % 4); k >= 0 && len(r.arrived) > 0; k-- {
+				r.persistOne()
 			}
 		case op < 230: // time passes
 			r.now = r.now.Add(20 * time.Millisecond)
@@ -385,16 +490,24 @@ func runModel(t testing.TB, data []byte) (*modelRun, numberingStyle, []modelSend
 			}
 			r.take(&out)
 		default: // the connection dies after the broker stored some of what was in flight
-			r.fault(int(op % 4))
+			if faulty {
+				r.fault(int(op % 4))
+			}
 		}
+		r.settle()
 	}
 	// Drain: everything open is sent and answered, until the client waits for nothing.
-	for rounds := 0; len(r.queue) > 0 || len(r.wire) > 0; rounds++ {
+	for rounds := 0; len(r.queue) > 0 || len(r.wire) > 0 || len(r.arrived) > 0; rounds++ {
 		if rounds > 10000 {
 			t.Fatalf("%d sends never answered", len(r.queue))
 		}
+		r.settle()
 		if len(r.wire) > 0 {
-			r.deliver()
+			r.arriveOne()
+			continue
+		}
+		if len(r.arrived) > 0 {
+			r.persistOne()
 			continue
 		}
 		var out Output
@@ -402,7 +515,7 @@ func runModel(t testing.TB, data []byte) (*modelRun, numberingStyle, []modelSend
 			t.Fatal(err)
 		}
 		r.take(&out)
-		if len(r.wire) == 0 && len(r.queue) > 0 {
+		if len(r.wire) == 0 && len(r.queue) > 0 && !r.broken {
 			t.Fatalf("the client waits for %d receipts and nothing is in flight", len(r.queue))
 		}
 	}

@@ -52,7 +52,7 @@ func (p *Producer) OwnsRequest(requestID uint64) bool {
 func (p *Producer) LaneOpened(requestID uint64, lastSequenceID int64) bool {
 	for i := 1; i < len(p.lanes); i++ {
 		if l := p.lanes[i]; l.requestID == requestID && !l.ready {
-			l.ready, l.lastPushed = true, lastSequenceID
+			l.ready, l.lastPushed, l.persisted = true, lastSequenceID, lastSequenceID
 			if l.shared {
 				l.seqNext = uint64(max(lastSequenceID+1, 0))
 			}

@@ -165,20 +165,46 @@ func TestSpanIsCutIntoPiecesNumberedWithinIt(t *testing.T) {
 	}
 }
 
-// Given an engine that has sent ids up to 20 on the client's producer,
+// Given an engine whose entry of ids 19..20 the broker has stored,
 // when a send numbered 5 arrives (application ids below an earlier batch's, which a direct
 // broker drops as duplicates),
-// then it is forwarded as the client built it, for the broker to judge against that mark.
-func TestSendBelowWhatTheEngineSentGoesToTheBroker(t *testing.T) {
+// then it is forwarded at once as the client built it, for the broker to judge against that mark.
+func TestSendBelowWhatTheBrokerStoredGoesToTheBroker(t *testing.T) {
 	p := newEngine(t, Policy{Kind: Coalesce}, -1)
 	var out Output
 	send(t, p, clientBatch(t, []msg{{payload: "a", seq: 19}, {payload: "b", seq: 20}}, pulsarpb.CompressionType_NONE, nil), &out)
+	receiptFor(t, p, 19, 3, 1)
 	out.Broker = out.Broker[:0]
 	late := clientBatch(t, []msg{{payload: "c", seq: 5}}, pulsarpb.CompressionType_NONE, nil)
 	send(t, p, late, &out)
 	fs := frames(t, out.Broker)
-	if len(fs) != 2 || !bytes.Equal(fs[1].Bytes(), late) || p.Stats().SendsOutOfOrder != 1 {
-		t.Fatalf("%d frames, out of order %d", len(fs), p.Stats().SendsOutOfOrder)
+	if len(fs) != 1 || !bytes.Equal(fs[0].Bytes(), late) || p.Stats().SendsOutOfOrder != 1 || p.Stats().SendsHeldForMark != 0 {
+		t.Fatalf("%d frames, stats %+v", len(fs), p.Stats())
+	}
+}
+
+// Given an engine with its entry of ids 19..20 in flight and a send numbered 5 after it (the
+// broker would answer "cannot determine whether the message is a duplicate": 5 lies between
+// what it stored and what it was sent, and every released client reconnects on that error),
+// when the broker's receipt for the entry 19..20 arrives,
+// then the send numbered 5, held until now, is forwarded as the client built it, so the broker
+// judges it against a stored mark, as it would have directly.
+func TestSendBelowAnEntryInFlightWaitsForItsReceipt(t *testing.T) {
+	p := newEngine(t, Policy{Kind: Coalesce}, -1)
+	var out Output
+	send(t, p, clientBatch(t, []msg{{payload: "a", seq: 19}, {payload: "b", seq: 20}}, pulsarpb.CompressionType_NONE, nil), &out)
+	late := clientBatch(t, []msg{{payload: "c", seq: 5}}, pulsarpb.CompressionType_NONE, nil)
+	send(t, p, late, &out)
+	if fs := frames(t, out.Broker); len(fs) != 1 || p.Stats().SendsHeldForMark != 1 {
+		t.Fatalf("%d frames before the receipt, stats %+v", len(fs), p.Stats())
+	}
+	var rout Output
+	if err := p.Receipt(wire.SendReceipt{ProducerID: pid, SequenceID: 19, HighestSequenceID: 20, HasMessageID: true, LedgerID: 3, EntryID: 1}, &rout); err != nil {
+		t.Fatal(err)
+	}
+	fs := frames(t, rout.Broker)
+	if len(fs) != 1 || !bytes.Equal(fs[0].Bytes(), late) {
+		t.Fatalf("%d frames after the receipt", len(fs))
 	}
 }
 
@@ -206,20 +232,22 @@ func TestBucketsSendBelowWhatTheEngineSentGoesToTheHighestLane(t *testing.T) {
 	}
 }
 
-// Given two entries in flight on the client's producer, the second an out-of-order send the
-// broker drops as a duplicate,
-// when the broker's -1:-1 receipt for the second arrives before the first entry's receipt (the
+// Given the broker has stored ids 1..2, an entry of ids 19..20 in flight after them, and an
+// out-of-order send numbered 1 forwarded at once (at or below the stored mark),
+// when the broker's -1:-1 receipt for that send arrives before the earlier entry's receipt (the
 // broker answers duplicates at once),
 // then the engine takes it for the entry it names, and both client receipts leave in order once
-// the first entry is acknowledged.
+// the earlier entry is acknowledged.
 func TestDuplicateReceiptOvertakingEarlierEntriesIsMatched(t *testing.T) {
 	p := newEngine(t, Policy{Kind: Coalesce}, -1)
 	var out Output
+	send(t, p, clientBatch(t, []msg{{payload: "x", seq: 1}, {payload: "y", seq: 2}}, pulsarpb.CompressionType_NONE, nil), &out)
+	receiptFor(t, p, 1, 3, 0)
 	send(t, p, clientBatch(t, []msg{{payload: "a", seq: 19}, {payload: "b", seq: 20}}, pulsarpb.CompressionType_NONE, nil), &out)
-	send(t, p, clientBatch(t, []msg{{payload: "c", seq: 5}}, pulsarpb.CompressionType_NONE, nil), &out)
+	send(t, p, clientBatch(t, []msg{{payload: "c", seq: 1}}, pulsarpb.CompressionType_NONE, nil), &out)
 	dup := ^uint64(0)
 	var cout Output
-	if err := p.Receipt(wire.SendReceipt{ProducerID: pid, SequenceID: 5, HasMessageID: true, LedgerID: dup, EntryID: dup}, &cout); err != nil {
+	if err := p.Receipt(wire.SendReceipt{ProducerID: pid, SequenceID: 1, HasMessageID: true, LedgerID: dup, EntryID: dup}, &cout); err != nil {
 		t.Fatal(err)
 	}
 	if len(cout.Client) != 0 {
@@ -228,7 +256,20 @@ func TestDuplicateReceiptOvertakingEarlierEntriesIsMatched(t *testing.T) {
 	if err := p.Receipt(wire.SendReceipt{ProducerID: pid, SequenceID: 19, HasMessageID: true, LedgerID: 3, EntryID: 1}, &cout); err != nil {
 		t.Fatal(err)
 	}
-	if got := decodeClient(t, cout.Client); fmt.Sprint(got) != fmt.Sprint([]receipt{{seq: 19, ledger: 3, entry: 1}, {seq: 5, ledger: dup, entry: dup}}) {
+	if got := decodeClient(t, cout.Client); fmt.Sprint(got) != fmt.Sprint([]receipt{{seq: 19, ledger: 3, entry: 1}, {seq: 1, ledger: dup, entry: dup}}) {
 		t.Fatalf("receipts %+v", got)
+	}
+}
+
+// receiptFor sends the engine's open batches and has the broker acknowledge the entry in
+// flight whose first id is seq.
+func receiptFor(t *testing.T, p *Producer, seq, ledger, entry uint64) {
+	t.Helper()
+	var out Output
+	if err := p.Flush(&out); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Receipt(wire.SendReceipt{ProducerID: pid, SequenceID: seq, HasMessageID: true, LedgerID: ledger, EntryID: entry}, &out); err != nil {
+		t.Fatal(err)
 	}
 }

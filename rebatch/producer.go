@@ -99,6 +99,9 @@ type Stats struct {
 	// SendsOutOfOrder counts sends whose command id is at or below one the engine already
 	// sent; they are forwarded unchanged for the broker to judge, as it would directly.
 	SendsOutOfOrder uint64
+	// SendsHeldForMark counts out-of-order sends held until the broker could judge them
+	// (outoforder.go).
+	SendsHeldForMark uint64
 	// PiecesStraddlingMark counts pieces of resent sends that the earlier attempt had cut
 	// differently (another policy or budget); they are sent as duplicates.
 	PiecesStraddlingMark uint64
@@ -188,8 +191,14 @@ type lane struct {
 	// lastPushed is this producer's de-duplication mark as the broker will have it once it has
 	// judged everything sent (see pushed); on a shared lane, the highest id sent.
 	lastPushed int64
-	requestID  uint64 // outstanding PRODUCER request (bucket and shared lanes)
-	ready      bool
+	// persisted is the highest id the broker has stored for this producer, as far as its
+	// receipts tell (MessageDeduplication's highestSequencedPersisted). Between it and
+	// lastPushed the broker "cannot determine" whether a send is a duplicate.
+	persisted int64
+	// waiting: out-of-order sends held until the broker can judge them (see outOfOrder).
+	waiting   []heldVerbatim
+	requestID uint64 // outstanding PRODUCER request (bucket and shared lanes)
+	ready     bool
 	// shared: a lane several client producers write through (coalesce with merge_producers):
 	// a proxy-owned producer whose entries carry the proxy's own sequence ids.
 	shared  bool
@@ -264,7 +273,7 @@ func NewProducer(cfg Config) (*Producer, error) {
 		}
 	}
 	p := &Producer{cfg: cfg, ownMark: -1}
-	p.lanes = []*lane{{producerID: cfg.ProducerID, name: cfg.ProducerName, lastPushed: cfg.LastSequenceID, ready: true}}
+	p.lanes = []*lane{{producerID: cfg.ProducerID, name: cfg.ProducerName, lastPushed: cfg.LastSequenceID, persisted: cfg.LastSequenceID, ready: true}}
 	switch cfg.Policy.Kind {
 	case Properties:
 		p.restrict = compileRestriction(cfg.Policy.Restricted)
@@ -275,7 +284,7 @@ func NewProducer(cfg Config) (*Producer, error) {
 	case Buckets:
 		p.ring = cfg.Policy.Ring()
 		for i := 0; i < p.ring.Len(); i++ {
-			p.lanes = append(p.lanes, &lane{name: LaneName(cfg.ProducerName, i), lastPushed: -1})
+			p.lanes = append(p.lanes, &lane{name: LaneName(cfg.ProducerName, i), lastPushed: -1, persisted: -1})
 		}
 	}
 	// Outer metadata of a built entry stays well under 8 KiB; the broker refuses an entry whose
@@ -474,7 +483,7 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 		// Below what this engine already sent, so not a resend (numbering.go): the broker judges
 		// it as the client built it, against the mark its ids were compared with directly.
 		p.stats.SendsOutOfOrder++
-		return p.verbatimOn(now, f, &s, nil, out)
+		return p.outOfOrder(now, f, &s, out)
 	}
 	if p.ring == nil && int64(num.hi) <= p.lanes[0].lastPushed {
 		// A resend of something the broker holds whole: the broker answers it itself.
@@ -923,23 +932,40 @@ func (p *Producer) verbatimOn(now time.Time, f wire.Frame, s *wire.Send, l *lane
 	if l == nil {
 		l = p.highestLane()
 	}
+	id := p.queueVerbatim(now, s)
+	out.Broker = appendOnLane(out.Broker, f, s, l)
+	p.sentVerbatim(l, id, s)
+	return nil
+}
+
+// queueVerbatim queues a client send that goes to the broker as one entry and returns its id.
+func (p *Producer) queueVerbatim(now time.Time, s *wire.Send) uint64 {
 	id := p.sendBase + uint64(p.Pending())
 	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID, parts: 1})
+	return id
+}
+
+// appendOnLane appends a client's SEND as the client built it, addressed to broker producer l:
+// the frame's own bytes on the client's producer, re-addressed (same metadata and payload) on a
+// bucket lane.
+func appendOnLane(dst []byte, f wire.Frame, s *wire.Send, l *lane) []byte {
+	if l.producerID == s.ProducerID {
+		return append(dst, f.Bytes()...)
+	}
+	moved := *s
+	moved.ProducerID = l.producerID
+	return wire.AppendSendFrame(dst, &moved, f.Metadata(), f.Payload())
+}
+
+// sentVerbatim records client send id, just written to l as the client built it, as in flight.
+func (p *Producer) sentVerbatim(l *lane, id uint64, s *wire.Send) {
 	hi := max(s.SequenceID, s.HighestSequenceID)
 	l.push(inflight{lo: s.SequenceID, hi: hi, one: sendRef{p, id, true}})
 	p.pushed(l, s.SequenceID, hi)
-	if l.producerID == s.ProducerID {
-		out.Broker = append(out.Broker, f.Bytes()...)
-	} else {
-		moved := *s
-		moved.ProducerID = l.producerID
-		out.Broker = wire.AppendSendFrame(out.Broker, &moved, f.Metadata(), f.Payload())
-	}
 	p.stats.EntriesVerbatim++
 	if p.cfg.OnEntry != nil {
 		p.cfg.OnEntry(int(max(s.NumMessages, 1)))
 	}
-	return nil
 }
 
 // pushed moves a lane's de-duplication mark as the broker will when it judges an entry of
@@ -1012,6 +1038,11 @@ func (p *Producer) Receipt(r wire.SendReceipt, out *Output) error {
 		}
 	}
 	releaseAll(refs, out)
+	if r.HasMessageID && r.LedgerID != dupLedger {
+		// Stored: the broker's persisted mark is now at least this entry's highest id.
+		l.persisted = max(l.persisted, int64(max(e.hi, r.SequenceID, r.HighestSequenceID)))
+	}
+	p.releaseWaiting(l, false, out)
 	p.flushIdle(l, out)
 	return nil
 }
@@ -1064,6 +1095,8 @@ func (p *Producer) SendError(producerID, seq uint64, code pulsarpb.ServerError, 
 		}
 	}
 	releaseAll(refs, out)
+	// The broker resets its marks after a failed write; held sends are its to judge now.
+	p.releaseWaiting(l, true, out)
 	return nil
 }
 

@@ -364,16 +364,7 @@ func TestOutOfOrderApplicationIdsAreStoredAsDirectly(t *testing.T) {
 							extra++
 						}
 					}
-					// Known gap under buckets: when the client reconnects (it does, on the
-					// broker's "cannot determine whether the message is a duplicate" error), the
-					// new engine cannot tell its resends from sends whose ids lie below ones
-					// already stored, and judges them per bucket: a few a direct broker drops
-					// are stored. Never one it stores is lost, never one is stored twice.
-					if path != "buckets" || lost > 0 {
-						t.Errorf("%s: %d messages stored directly are missing, %d stored that a direct broker drops", path, lost, extra)
-					} else {
-						t.Logf("%s: %d messages stored that a direct broker drops (after a client reconnect; see the comment)", path, extra)
-					}
+					t.Errorf("%s: %d messages stored directly are missing, %d stored that a direct broker drops", path, lost, extra)
 				}
 				if c.acked != n || c.failed != 0 || c.dups != 0 {
 					t.Errorf("%s: acked %d failed %d dups %d of %d", path, c.acked, c.failed, c.dups, n)
