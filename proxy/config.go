@@ -97,6 +97,11 @@ type Config struct {
 	BrokerTLS                                                    bool
 	BrokerTLSTrustCertsFile, BrokerTLSCertFile, BrokerTLSKeyFile string
 	BrokerTLSNoHostnameVerification                              bool
+	// BrokerClientAuth, when set, is the proxy's own credential towards the brokers for
+	// clients that authenticate with a TLS certificate (auth method "tls"): the proxy
+	// verifies the certificate and connects as a proxy role, naming the client's role in
+	// original_principal (proxy_role.go). Needs TLSListen and TLSClientCAFile.
+	BrokerClientAuth *BrokerClientAuth
 
 	// WebListen is the host:port of the web port (HTTP): the brokers' admin
 	// REST API and HTTP lookups, forwarded to BrokerWebURLs; "" means none.
@@ -200,6 +205,11 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("broker-tls-trust-certs / broker-tls-cert: given without pulsar+ssl:// broker URLs")
 	case (c.BrokerTLSCertFile == "") != (c.BrokerTLSKeyFile == ""):
 		return fmt.Errorf("broker-tls-cert and broker-tls-key go together")
+	}
+	if c.BrokerClientAuth != nil {
+		if err := c.BrokerClientAuth.validate(c); err != nil {
+			return err
+		}
 	}
 	if c.TLSListen != "" {
 		if _, _, err := net.SplitHostPort(c.TLSListen); err != nil {

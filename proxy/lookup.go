@@ -81,7 +81,7 @@ func (s *session) keepConnectForLookups() {
 // frame is rebuilt, never modified: follows in progress keep reading the
 // old one. Runs on the loop.
 func (s *session) noteAuthResponse(f wire.Frame) {
-	if s.lookupConnect == nil || wire.DecodeCommand(f, &s.cmd) != nil {
+	if s.lookupConnect == nil || s.proxyRole || wire.DecodeCommand(f, &s.cmd) != nil {
 		return
 	}
 	ad := s.cmd.GetAuthResponse().GetResponse()

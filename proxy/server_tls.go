@@ -129,6 +129,7 @@ func (s *Server) serveTLSConn(nc net.Conn) {
 	loop := newConnLoop()
 	ss := newSession(s, loop, nc.RemoteAddr().String())
 	ss.tlsClient = true
+	ss.clientCertRole, ss.clientCertVerified = certRole(tc.ConnectionState().VerifiedChains)
 	ss.dial = s.dialConnSide
 	s.sessions.Store(ss, struct{}{})
 	s.nsessions.Add(1)

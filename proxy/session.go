@@ -121,6 +121,14 @@ type session struct {
 	// pulsar+ssl:// broker URL (brokerServiceUrlTls) to name in its CONNECT.
 	dial      func(s *session, targets []string)
 	tlsClient bool
+	// clientCertVerified and clientCertRole: the TLS client presented a certificate the
+	// listener verified, and the role it names (proxy_role.go). Set before the first frame.
+	clientCertVerified bool
+	clientCertRole     string
+	// proxyRole: the broker connection is authenticated with the proxy's own credential on the
+	// client's behalf (proxy_role.go); the proxy answers the broker's AUTH_CHALLENGE itself.
+	proxyRole      bool
+	clientProtocol int32 // the protocol version the client's CONNECT names
 }
 
 // newSession starts the session of a client accepted by a transport; the
@@ -656,6 +664,9 @@ func (s *session) onFrame(d direction, f wire.Frame) (frameAction, error) {
 		case pulsarpb.BaseCommand_CONNECTED:
 			return s.onConnected(f)
 		case pulsarpb.BaseCommand_AUTH_CHALLENGE:
+			if s.proxyRole {
+				return actDone, s.answerChallenge()
+			}
 			return actForward, nil
 		case pulsarpb.BaseCommand_ERROR:
 			// The broker refused the CONNECT (e.g. bad credentials): relay
@@ -682,6 +693,11 @@ func (s *session) onFrame(d direction, f wire.Frame) (frameAction, error) {
 		s.srv.m.lookups[lookupPartitionedMetadata].Add(1)
 	case pulsarpb.BaseCommand_SEND_ERROR:
 		s.noteSendError(f)
+	case pulsarpb.BaseCommand_AUTH_CHALLENGE:
+		if s.proxyRole {
+			s.flushRun()
+			return actDone, s.answerChallenge()
+		}
 	case pulsarpb.BaseCommand_CLOSE_PRODUCER, pulsarpb.BaseCommand_CLOSE_CONSUMER:
 		s.learnAssignedBroker(f)
 	}
@@ -799,6 +815,18 @@ func (s *session) onConnect(f wire.Frame) (frameAction, error) {
 	if c == nil {
 		return 0, wire.ErrMalformedCommand
 	}
+	s.clientProtocol = c.GetProtocolVersion()
+	if c.GetAuthMethodName() == authMethodTLS {
+		refusal, err := s.authenticateTLSClient(c)
+		if err != nil {
+			s.refuse(pulsarpb.ServerError_ServiceNotReady, "The proxy cannot authenticate to the broker.")
+			return actStop, err
+		}
+		if refusal != "" {
+			s.refuse(pulsarpb.ServerError_AuthenticationError, refusal)
+			return actStop, fmt.Errorf("%w: %s", ErrClientAuthRefused, refusal)
+		}
+	}
 	var targets []string
 	u := c.GetProxyToBrokerUrl()
 	if u != "" {
@@ -809,17 +837,20 @@ func (s *session) onConnect(f wire.Frame) (frameAction, error) {
 		}
 		targets = []string{addr}
 		c.ProxyToBrokerUrl = nil
-		frame, err := wire.AppendCommandFrame(nil, &s.cmd)
-		if err != nil {
-			return 0, err
-		}
-		s.connectFrame = frame
 	} else {
 		k := s.srv.known
 		start := k.rr.Add(1)
 		for i := range k.services {
 			targets = append(targets, k.nextService(start, i))
 		}
+	}
+	if u != "" || s.proxyRole {
+		frame, err := wire.AppendCommandFrame(nil, &s.cmd)
+		if err != nil {
+			return 0, err
+		}
+		s.connectFrame = frame
+	} else {
 		s.connectFrame = append([]byte(nil), f.Bytes()...)
 	}
 	s.keepConnectForLookups()

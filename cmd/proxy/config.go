@@ -32,6 +32,7 @@ type options struct {
 	brokerCert     string
 	brokerKey      string
 	brokerNoVerify bool
+	brokerAuth     string
 	connectTimeout time.Duration
 	handshake      time.Duration
 	idle           time.Duration
@@ -92,6 +93,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.brokerCert, "broker-tls-cert", "", "PEM client certificate `file` the proxy presents to pulsar+ssl:// brokers (optional)")
 	fs.StringVar(&o.brokerKey, "broker-tls-key", "", "PEM private key `file` of --broker-tls-cert")
 	fs.BoolVar(&o.brokerNoVerify, "broker-tls-no-hostname-verification", false, "do not check that a pulsar+ssl:// broker's certificate names its host (the chain is still verified)")
+	fs.StringVar(&o.brokerAuth, "broker-client-auth", "", "the proxy's own credential for clients that authenticate with a TLS certificate: `tls` (its --broker-tls-cert) or token:FILE; the proxy verifies the client's certificate (--tls-client-ca) and connects as a proxy role naming the client's common name as original_principal (brokers need it in proxyRoles); empty: such clients are passed through, or refused when the proxy has a --broker-tls-cert")
 	fs.StringVar(&o.tlsListen, "tls-listen", "", "`host:port` of a TLS listener for pulsar+ssl:// clients, beside --listen (brokers are dialled as --broker-url says: pulsar:// or pulsar+ssl://); needs --tls-cert and --tls-key")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate chain `file` of the TLS listener (re-read on SIGHUP)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM private key `file` of the TLS listener (re-read on SIGHUP)")
@@ -292,6 +294,13 @@ func (o *options) proxyConfig() (proxy.Config, error) {
 	c.BrokerTLS = tlsURLs > 0
 	c.BrokerTLSTrustCertsFile, c.BrokerTLSCertFile, c.BrokerTLSKeyFile = o.brokerTrust, o.brokerCert, o.brokerKey
 	c.BrokerTLSNoHostnameVerification = o.brokerNoVerify
+	switch method, file, _ := strings.Cut(o.brokerAuth, ":"); {
+	case o.brokerAuth == "":
+	case method == "token" && file != "":
+		c.BrokerClientAuth = &proxy.BrokerClientAuth{Method: "token", TokenFile: file}
+	default:
+		c.BrokerClientAuth = &proxy.BrokerClientAuth{Method: o.brokerAuth}
+	}
 	c.AllowedBrokers = append(c.AllowedBrokers, o.allowedBrokers...)
 	c.ConnectTimeout, c.HandshakeTimeout, c.IdleTimeout, c.DrainTimeout = o.connectTimeout, o.handshake, o.idle, o.drain
 	c.MaxMessageSize, c.SoftBufferLimit, c.HardBufferLimit = int(o.maxMessageSize), int(o.softLimit), int(o.hardLimit)

@@ -115,6 +115,12 @@ func (b *Broker) CreateTopic(ctx context.Context, topic string, partitions int) 
 	return b.sendJSON(ctx, http.MethodPut, topicPath(topic), nil)
 }
 
+// GrantNamespacePermission lets role do actions ("produce", "consume", ...) on a namespace's
+// topics (a broker with authorization on).
+func (b *Broker) GrantNamespacePermission(ctx context.Context, namespace, role string, actions ...string) error {
+	return b.sendJSON(ctx, http.MethodPost, "/admin/v2/namespaces/"+namespace+"/permissions/"+role, actions)
+}
+
 // SetNamespaceDeduplication switches broker de-duplication for every topic of a namespace.
 func (b *Broker) SetNamespaceDeduplication(ctx context.Context, namespace string, on bool) error {
 	return b.sendJSON(ctx, http.MethodPost, "/admin/v2/namespaces/"+namespace+"/deduplication", on)

@@ -18,6 +18,7 @@ package harness
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -58,6 +59,11 @@ type Options struct {
 	MaxMessageSize int
 	// TokenAuth turns on JWT (HS256) token authentication.
 	TokenAuth bool
+	// TLSAuth turns on TLS client-certificate authentication beside token authentication, with
+	// authorization on and ProxyRoles (default "proxy") as the broker's proxyRoles; needs TLS.
+	// The admin API authenticates as the superuser "admin" by token.
+	TLSAuth    bool
+	ProxyRoles string
 	// AuthRefreshSeconds sets the broker's authenticationRefreshCheckSeconds: how often it checks
 	// every connection's credentials and sends AUTH_CHALLENGE on one whose token has expired.
 	// Zero keeps Pulsar's 60 s default.
@@ -193,9 +199,15 @@ func StartBroker(opts Options) (*Broker, error) {
 			"PULSAR_TLS_KEY="+opts.TLS.Key, "PULSAR_TLS_CA="+opts.TLS.CA,
 			"PULSAR_TLS_REQUIRE_CLIENT_CERT="+strconv.FormatBool(opts.TLS.RequireClientCert))
 	}
-	if opts.TokenAuth {
+	switch {
+	case opts.TLSAuth:
+		if opts.TLS == nil {
+			return nil, fmt.Errorf("harness: TLSAuth needs TLS")
+		}
+		env = append(env, "PULSAR_AUTH=tls", "PULSAR_PROXY_ROLES="+cmp.Or(opts.ProxyRoles, "proxy"))
+	case opts.TokenAuth:
 		env = append(env, "PULSAR_AUTH=token")
-	} else {
+	default:
 		env = append(env, "PULSAR_AUTH=none")
 	}
 	// pulsar.sh bounds its own waits (download 900 s, readiness 180 s); this is a backstop.

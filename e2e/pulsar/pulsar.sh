@@ -17,7 +17,12 @@
 #   PULSAR_WEB_PORT      admin/HTTP port on 127.0.0.1 [18080]
 #   PULSAR_DEDUP         broker-wide de-duplication, true|false [false]
 #   PULSAR_MAX_MESSAGE_SIZE  broker maxMessageSize in bytes [5242880]
-#   PULSAR_AUTH          none|token: token turns on JWT (HS256) authentication [none]
+#   PULSAR_AUTH          none|token|tls: token turns on JWT (HS256) authentication; tls turns on
+#                        TLS client-certificate authentication (needs PULSAR_TLS_PORT) beside
+#                        token, with authorization on, superuser "admin" (the admin API's token)
+#                        and PULSAR_PROXY_ROLES as proxyRoles [none]
+#   PULSAR_PROXY_ROLES   proxyRoles for PULSAR_AUTH=tls: roles allowed to name an original
+#                        principal (a proxy's certificate common name) [proxy]
 #   PULSAR_AUTH_REFRESH_SECONDS  authenticationRefreshCheckSeconds: how often the broker checks
 #                        each connection's credentials for expiry and sends AUTH_CHALLENGE [60]
 #   PULSAR_TLS_PORT      when set, also a TLS binary port on 127.0.0.1 (brokerServicePortTls), with
@@ -158,20 +163,31 @@ webSocketServiceEnabled=false
 # Raw entries are read back through the admin REST API in tests.
 exposingBrokerEntryMetadataToClientEnabled=false
 EOF
-  if [ "$PULSAR_AUTH" = token ]; then
+  if [ "$PULSAR_AUTH" = token ] || [ "$PULSAR_AUTH" = tls ]; then
     head -c 32 /dev/urandom >"$run/secret.key"
     local admin; admin=$(mint_token admin)
     echo "$admin" >"$run/admin.token"
+    local providers=org.apache.pulsar.broker.authentication.AuthenticationProviderToken
+    if [ "$PULSAR_AUTH" = tls ]; then
+      [ -n "$PULSAR_TLS_PORT" ] || die "PULSAR_AUTH=tls needs PULSAR_TLS_PORT (and its certificate files)"
+      providers=org.apache.pulsar.broker.authentication.AuthenticationProviderTls,$providers
+    fi
     cat >>"$conf" <<EOF
 authenticationEnabled=true
-authenticationProviders=org.apache.pulsar.broker.authentication.AuthenticationProviderToken
+authenticationProviders=$providers
 tokenSecretKey=file://$run/secret.key
 superUserRoles=admin
 brokerClientAuthenticationPlugin=org.apache.pulsar.client.impl.auth.AuthenticationToken
 brokerClientAuthenticationParameters=token:$admin
 EOF
+    if [ "$PULSAR_AUTH" = tls ]; then
+      cat >>"$conf" <<EOF
+authorizationEnabled=true
+proxyRoles=${PULSAR_PROXY_ROLES:-proxy}
+EOF
+    fi
   elif [ "$PULSAR_AUTH" != none ]; then
-    die "PULSAR_AUTH must be none or token, not '$PULSAR_AUTH'"
+    die "PULSAR_AUTH must be none, token or tls, not '$PULSAR_AUTH'"
   fi
   if [ -n "$PULSAR_TLS_PORT" ]; then
     [ -f "$PULSAR_TLS_CERT" ] && [ -f "$PULSAR_TLS_KEY" ] || die "PULSAR_TLS_PORT needs PULSAR_TLS_CERT and PULSAR_TLS_KEY files"

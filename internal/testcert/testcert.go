@@ -23,31 +23,57 @@ type Files struct {
 	ServerKey  string
 	ClientCert string // a client certificate with common name "client"
 	ClientKey  string
-	// OtherCA signs nothing above: a CA clients and servers must not trust.
+	// ProxyCert is a client certificate with common name "proxy" (a proxy's own credential).
+	ProxyCert, ProxyKey string
+	// OtherClientCert is a client certificate with common name "other", signed by the CA.
+	OtherClientCert, OtherClientKey string
+	// ExpiredClientCert is a client certificate with common name "client", signed by the CA,
+	// that expired an hour ago.
+	ExpiredClientCert, ExpiredClientKey string
+	// UntrustedClientCert is a client certificate with common name "client" signed by OtherCA.
+	UntrustedClientCert, UntrustedClientKey string
+	// OtherCA signs only UntrustedClientCert: a CA clients and servers must not trust.
 	OtherCA string
 }
 
-// Write makes a CA, a server and a client certificate valid for a day, and an unrelated CA,
-// as PEM files in dir.
+// Write makes a CA, a server certificate and the client certificates of Files, valid for a
+// day unless said otherwise, and an unrelated CA, as PEM files in dir.
 func Write(dir string) (Files, error) {
 	ca, caKey, caPEM, err := newCA("test CA")
 	if err != nil {
 		return Files{}, err
 	}
-	_, _, otherPEM, err := newCA("untrusted CA")
+	other, otherKey, otherPEM, err := newCA("untrusted CA")
 	if err != nil {
 		return Files{}, err
 	}
-	f := Files{CA: filepath.Join(dir, "ca.pem"), ServerCert: filepath.Join(dir, "server.pem"), ServerKey: filepath.Join(dir, "server-key.pem"),
-		ClientCert: filepath.Join(dir, "client.pem"), ClientKey: filepath.Join(dir, "client-key.pem"), OtherCA: filepath.Join(dir, "other-ca.pem")}
+	path := func(name string) string { return filepath.Join(dir, name) }
+	f := Files{CA: path("ca.pem"), ServerCert: path("server.pem"), ServerKey: path("server-key.pem"),
+		ClientCert: path("client.pem"), ClientKey: path("client-key.pem"), ProxyCert: path("proxy.pem"), ProxyKey: path("proxy-key.pem"),
+		OtherClientCert: path("other.pem"), OtherClientKey: path("other-key.pem"),
+		ExpiredClientCert: path("expired.pem"), ExpiredClientKey: path("expired-key.pem"),
+		UntrustedClientCert: path("untrusted.pem"), UntrustedClientKey: path("untrusted-key.pem"), OtherCA: path("other-ca.pem")}
 	srv := &x509.Certificate{Subject: pkix.Name{CommonName: "localhost"}, DNSNames: []string{"localhost"},
 		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	cli := &x509.Certificate{Subject: pkix.Name{CommonName: "client"}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	client := func(cn string) *x509.Certificate {
+		return &x509.Certificate{Subject: pkix.Name{CommonName: cn}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	}
+	now := time.Now()
 	for _, c := range []struct {
 		tmpl      *x509.Certificate
+		ca        *x509.Certificate
+		caKey     *ecdsa.PrivateKey
+		until     time.Time
 		cert, key string
-	}{{srv, f.ServerCert, f.ServerKey}, {cli, f.ClientCert, f.ClientKey}} {
-		certPEM, keyPEM, err := sign(c.tmpl, ca, caKey)
+	}{
+		{srv, ca, caKey, now.Add(24 * time.Hour), f.ServerCert, f.ServerKey},
+		{client("client"), ca, caKey, now.Add(24 * time.Hour), f.ClientCert, f.ClientKey},
+		{client("proxy"), ca, caKey, now.Add(24 * time.Hour), f.ProxyCert, f.ProxyKey},
+		{client("other"), ca, caKey, now.Add(24 * time.Hour), f.OtherClientCert, f.OtherClientKey},
+		{client("client"), ca, caKey, now.Add(-time.Hour), f.ExpiredClientCert, f.ExpiredClientKey},
+		{client("client"), other, otherKey, now.Add(24 * time.Hour), f.UntrustedClientCert, f.UntrustedClientKey},
+	} {
+		certPEM, keyPEM, err := sign(c.tmpl, c.ca, c.caKey, c.until)
 		if err != nil {
 			return Files{}, err
 		}
@@ -84,13 +110,13 @@ func newCA(name string) (*x509.Certificate, *ecdsa.PrivateKey, []byte, error) {
 	return cert, key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), err
 }
 
-func sign(tmpl, ca *x509.Certificate, caKey *ecdsa.PrivateKey) (certPEM, keyPEM []byte, err error) {
+func sign(tmpl, ca *x509.Certificate, caKey *ecdsa.PrivateKey, until time.Time) (certPEM, keyPEM []byte, err error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
 	}
 	tmpl.SerialNumber = serial()
-	tmpl.NotBefore, tmpl.NotAfter = time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour)
+	tmpl.NotBefore, tmpl.NotAfter = until.Add(-25*time.Hour), until
 	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 	if err != nil {
