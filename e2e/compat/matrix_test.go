@@ -47,6 +47,8 @@ var columns = []column{
 	{"token-bad", "bad token refused", ""},
 	{"redirect", "redirected lookup", ""},
 	{"tls", "TLS, both hops", ""},
+	{"cert-good", "TLS client certificate (proxy role)", ""},
+	{"cert-bad", "untrusted certificate refused", ""},
 }
 
 func columnByID(id string) column {
@@ -156,6 +158,49 @@ type env struct {
 	tlsURL string
 	tlsCA  string
 	tlsErr error
+
+	// Ready with certReady: broker C, with TLS client-certificate authentication and
+	// authorization on (proxyRoles=proxy; public/default open to "proxy" and "client"), and a
+	// proxy in front of it at certURL that requires client certificates from the test CA and
+	// connects as the proxy role (its certificate "proxy") naming the client's.
+	certReady chan struct{}
+	cert      *harness.Broker
+	certURL   string
+	certs     testcert.Files
+	certErr   error
+}
+
+// startCertBroker starts broker C and its proxy (see env.certReady) and returns a function that
+// stops the proxy.
+func startCertBroker(e *env) (func(), error) {
+	c, err := harness.StartBroker(harness.Options{TLS: &harness.TLSFiles{Cert: e.certs.ServerCert, Key: e.certs.ServerKey, CA: e.certs.CA}, TLSAuth: true})
+	if err != nil {
+		return nil, fmt.Errorf("starting broker C: %w", err)
+	}
+	e.cert = c
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, role := range []string{"proxy", "client"} {
+		if err := c.GrantNamespacePermission(ctx, "public/default", role, "produce", "consume"); err != nil {
+			return nil, fmt.Errorf("broker C: granting %s: %w", role, err)
+		}
+	}
+	addr, err := proxy.BrokerAddress("pulsar://" + strings.TrimPrefix(c.ServiceURLTLS, "pulsar+ssl://"))
+	if err != nil {
+		return nil, err
+	}
+	p, _, err := startProxyWith(c, slog.LevelWarn, func(pc *proxy.Config) {
+		pc.Brokers, pc.BrokerTLS, pc.BrokerTLSTrustCertsFile = []string{addr}, true, e.certs.CA
+		pc.BrokerTLSCertFile, pc.BrokerTLSKeyFile = e.certs.ProxyCert, e.certs.ProxyKey
+		pc.BrokerClientAuth = &proxy.BrokerClientAuth{Method: "tls"}
+		pc.TLSListen, pc.TLSCertFile, pc.TLSKeyFile, pc.TLSClientCAFile = "127.0.0.1:0", e.certs.ServerCert, e.certs.ServerKey, e.certs.CA
+	})
+	if err != nil {
+		return nil, err
+	}
+	_, port, _ := net.SplitHostPort(p.Server.TLSAddr())
+	e.certURL = "pulsar+ssl://localhost:" + port
+	return p.Stop, nil
 }
 
 // startTLSProxy runs a proxy speaking TLS to b's TLS port, with a TLS listener (certs), and
@@ -243,11 +288,12 @@ func TestMatrix(t *testing.T) {
 			t.Fatalf("%v (run e2e/drivers/setup.sh first)", err)
 		}
 	}
-	e := &env{b: harness.Default(t), tokReady: make(chan struct{}), rdReady: make(chan struct{})}
+	e := &env{b: harness.Default(t), tokReady: make(chan struct{}), rdReady: make(chan struct{}), certReady: make(chan struct{})}
 	certs, err := testcert.Write(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.certs = certs
 	url, logs, stop, err := startProxy(e.b, slog.LevelWarn)
 	if err != nil {
 		t.Fatal(err)
@@ -292,6 +338,26 @@ func TestMatrix(t *testing.T) {
 		}
 		// The proxy knows only the default broker; it learns B from the lookup answers.
 		e.rdURL, e.rdLogs, rdStop, e.rdErr = startProxy(e.b, slog.LevelInfo)
+	}()
+	var certStop func()
+	go func() {
+		defer close(e.certReady)
+		<-e.rdReady // one broker starting at a time (see B)
+		certStop, e.certErr = startCertBroker(e)
+	}()
+	defer func() {
+		<-e.certReady
+		if e.certErr != nil {
+			t.Errorf("certificate broker: %v", e.certErr)
+		}
+		if certStop != nil {
+			certStop()
+		}
+		if e.cert != nil {
+			if err := e.cert.Stop(); err != nil {
+				t.Errorf("stopping broker C: %v", err)
+			}
+		}
 	}()
 	defer func() {
 		<-e.rdReady
@@ -394,7 +460,7 @@ func TestMatrix(t *testing.T) {
 // group, whose idle consumers are timing-sensitive.
 func runDriver(ctx context.Context, r *row, e *env) {
 	var wg sync.WaitGroup
-	for _, g := range []func(context.Context, *row, *env){produceConsume(0), produceConsume(3), schemaNack, tokenGroup, redirected, overTLS} {
+	for _, g := range []func(context.Context, *row, *env){produceConsume(0), produceConsume(3), schemaNack, tokenGroup, redirected, overTLS, certGroup} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -729,6 +795,39 @@ func overTLS(ctx context.Context, r *row, e *env) {
 	roundTrip(ctx, r, "tls", drivers.ProduceSpec{URL: e.tlsURL, TLSTrustCerts: e.tlsCA, Topic: topicName(r.d, "tls")}, "t")
 }
 
+// certGroup runs the client-certificate cells against broker C through its proxy: a client
+// certificate the proxy's CA signed ("client", granted) round-trips, one from an unknown CA is
+// refused before any send is acknowledged.
+func certGroup(ctx context.Context, r *row, e *env) {
+	select {
+	case <-e.certReady:
+	case <-ctx.Done():
+		r.fail("cert-good", "timed out waiting for broker C and its proxy")
+		r.fail("cert-bad", "timed out waiting for broker C and its proxy")
+		return
+	}
+	if e.certErr != nil {
+		r.fail("cert-good", "no certificate broker with a proxy: %v", e.certErr)
+		r.fail("cert-bad", "no certificate broker with a proxy: %v", e.certErr)
+		return
+	}
+	roundTrip(ctx, r, "cert-good", drivers.ProduceSpec{URL: e.certURL, TLSTrustCerts: e.certs.CA, TLSCertFile: e.certs.ClientCert,
+		TLSKeyFile: e.certs.ClientKey, Topic: topicName(r.d, "cert")}, "c")
+	p, err := r.d.Produce(ctx, drivers.ProduceSpec{URL: e.certURL, TLSTrustCerts: e.certs.CA, TLSCertFile: e.certs.UntrustedClientCert,
+		TLSKeyFile: e.certs.UntrustedClientKey, Topic: topicName(r.d, "certbad"), Count: 1, SendTimeout: drivers.Int(5000), Timeout: 10 * time.Second})
+	var re *drivers.RunError
+	switch {
+	case err == nil:
+		r.fail("cert-bad", "an untrusted certificate's producer was created and its send acknowledged")
+	case !errors.As(err, &re):
+		r.fail("cert-bad", "%v", err)
+	case p != nil && len(p.Acks) > 0:
+		r.fail("cert-bad", "%d sends acknowledged with an untrusted certificate", len(p.Acks))
+	default:
+		r.pass("cert-bad")
+	}
+}
+
 func goodToken(ctx context.Context, r *row, e *env) {
 	roundTrip(ctx, r, "token-good", drivers.ProduceSpec{URL: e.tokURL, Token: e.good, Topic: topicName(r.d, "auth")}, "a")
 }
@@ -743,8 +842,8 @@ func roundTrip(ctx context.Context, r *row, col string, p drivers.ProduceSpec, s
 	if !r.step(col, "produce", err) {
 		return
 	}
-	got, err := r.d.Consume(ctx, drivers.ConsumeSpec{URL: p.URL, Token: p.Token, TLSTrustCerts: p.TLSTrustCerts, Topic: p.Topic,
-		Subscription: sub, Count: n, Timeout: time.Minute})
+	got, err := r.d.Consume(ctx, drivers.ConsumeSpec{URL: p.URL, Token: p.Token, TLSTrustCerts: p.TLSTrustCerts,
+		TLSCertFile: p.TLSCertFile, TLSKeyFile: p.TLSKeyFile, Topic: p.Topic, Subscription: sub, Count: n, Timeout: time.Minute})
 	if !r.step(col, "consume", err) {
 		return
 	}

@@ -308,8 +308,10 @@ type ProduceSpec struct {
 	ProducerName     string
 	Token            string
 	TLSTrustCerts    string // CA file for a pulsar+ssl:// URL (hostname verified)
-	SendTimeout      *int   // milliseconds; nil: client default; 0: none
-	SeqStart         int64  // >= 0 with ExplicitSeq: message i gets sequence id SeqStart+i
+	TLSCertFile      string // with TLSKeyFile: authenticate by TLS client certificate
+	TLSKeyFile       string
+	SendTimeout      *int  // milliseconds; nil: client default; 0: none
+	SeqStart         int64 // >= 0 with ExplicitSeq: message i gets sequence id SeqStart+i
 	ExplicitSeq      bool
 	SeqScramble      bool          // Java only: message i gets SeqStart + (i*7919 mod Count), ids out of order
 	Timeout          time.Duration // whole run inside the driver; 0: 2 minutes
@@ -378,6 +380,9 @@ func (s ProduceSpec) Args() []string {
 	if s.TLSTrustCerts != "" {
 		a = append(a, "--tls-trust-certs", s.TLSTrustCerts)
 	}
+	if s.TLSCertFile != "" {
+		a = append(a, "--tls-cert-file", s.TLSCertFile, "--tls-key-file", s.TLSKeyFile)
+	}
 	if s.SendTimeout != nil {
 		a = append(a, "--send-timeout-ms", strconv.Itoa(*s.SendTimeout))
 	}
@@ -405,6 +410,8 @@ type ConsumeSpec struct {
 	Schema          string
 	Token           string
 	TLSTrustCerts   string // CA file for a pulsar+ssl:// URL (hostname verified)
+	TLSCertFile     string // with TLSKeyFile: authenticate by TLS client certificate
+	TLSKeyFile      string
 	InitialPosition string // "", "earliest" or "latest" (driver default: earliest)
 	ConsumerName    string
 	Timeout         time.Duration // whole run inside the driver; 0: 1 minute
@@ -439,6 +446,9 @@ func (s ConsumeSpec) Args() []string {
 	}
 	if s.TLSTrustCerts != "" {
 		a = append(a, "--tls-trust-certs", s.TLSTrustCerts)
+	}
+	if s.TLSCertFile != "" {
+		a = append(a, "--tls-cert-file", s.TLSCertFile, "--tls-key-file", s.TLSKeyFile)
 	}
 	if s.InitialPosition != "" {
 		a = append(a, "--initial-position", s.InitialPosition)

@@ -3,9 +3,11 @@
 package testcert
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/rsa"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -13,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 )
 
@@ -47,12 +50,7 @@ func Write(dir string) (Files, error) {
 	if err != nil {
 		return Files{}, err
 	}
-	path := func(name string) string { return filepath.Join(dir, name) }
-	f := Files{CA: path("ca.pem"), ServerCert: path("server.pem"), ServerKey: path("server-key.pem"),
-		ClientCert: path("client.pem"), ClientKey: path("client-key.pem"), ProxyCert: path("proxy.pem"), ProxyKey: path("proxy-key.pem"),
-		OtherClientCert: path("other.pem"), OtherClientKey: path("other-key.pem"),
-		ExpiredClientCert: path("expired.pem"), ExpiredClientKey: path("expired-key.pem"),
-		UntrustedClientCert: path("untrusted.pem"), UntrustedClientKey: path("untrusted-key.pem"), OtherCA: path("other-ca.pem")}
+	f := names(dir)
 	srv := &x509.Certificate{Subject: pkix.Name{CommonName: "localhost"}, DNSNames: []string{"localhost"},
 		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
 	client := func(cn string) *x509.Certificate {
@@ -90,6 +88,26 @@ func Write(dir string) (Files, error) {
 	return f, os.WriteFile(f.OtherCA, otherPEM, 0o600)
 }
 
+// Names returns the paths Write uses in dir, for a process reading files another wrote.
+func Names(dir string) (Files, error) {
+	f := names(dir)
+	for _, p := range []string{f.CA, f.ServerCert, f.ServerKey} {
+		if _, err := os.Stat(p); err != nil {
+			return Files{}, err
+		}
+	}
+	return f, nil
+}
+
+func names(dir string) Files {
+	path := func(name string) string { return filepath.Join(dir, name) }
+	return Files{CA: path("ca.pem"), ServerCert: path("server.pem"), ServerKey: path("server-key.pem"),
+		ClientCert: path("client.pem"), ClientKey: path("client-key.pem"), ProxyCert: path("proxy.pem"), ProxyKey: path("proxy-key.pem"),
+		OtherClientCert: path("other.pem"), OtherClientKey: path("other-key.pem"),
+		ExpiredClientCert: path("expired.pem"), ExpiredClientKey: path("expired-key.pem"),
+		UntrustedClientCert: path("untrusted.pem"), UntrustedClientKey: path("untrusted-key.pem"), OtherCA: path("other-ca.pem")}
+}
+
 func serial() *big.Int {
 	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
 	return n
@@ -110,15 +128,22 @@ func newCA(name string) (*x509.Certificate, *ecdsa.PrivateKey, []byte, error) {
 	return cert, key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), err
 }
 
+// sign makes a certificate from tmpl signed by ca. Client certificates get RSA keys: the Java
+// client 2.10 reads only RSA private keys ("Version must be 0" for an EC one).
 func sign(tmpl, ca *x509.Certificate, caKey *ecdsa.PrivateKey, until time.Time) (certPEM, keyPEM []byte, err error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	var key crypto.Signer
+	if slices.Contains(tmpl.ExtKeyUsage, x509.ExtKeyUsageClientAuth) {
+		key, err = rsa.GenerateKey(rand.Reader, 2048)
+	} else {
+		key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
 	tmpl.SerialNumber = serial()
 	tmpl.NotBefore, tmpl.NotAfter = until.Add(-25*time.Hour), until
 	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, key.Public(), caKey)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -315,6 +315,10 @@ public final class PulsarDriver {
         if (!trust.isEmpty()) {
             b.tlsTrustCertsFilePath(trust).enableTlsHostnameVerification(true).allowTlsInsecureConnection(false);
         }
+        String cert = f.str("tls-cert-file", "");
+        if (!cert.isEmpty()) {
+            b.authentication(AuthenticationFactory.TLS(cert, f.str("tls-key-file", "")));
+        }
         return b.build();
     }
 
@@ -349,7 +353,7 @@ public final class PulsarDriver {
         Flags f = new Flags(args, 1, kinds("url", "topic", "count", "batching:bool", "batch-max-messages",
                 "batch-max-bytes", "batch-delay-ms", "batcher", "key-mode", "keys", "ordering-key:bool",
                 "properties", "compression", "chunking:bool", "chunk-size", "size", "schema", "sync:bool",
-                "producer-name", "token", "tls-trust-certs", "send-timeout-ms", "seq-start", "seq-scramble:bool", "timeout-ms"));
+                "producer-name", "token", "tls-trust-certs", "tls-cert-file", "tls-key-file", "send-timeout-ms", "seq-start", "seq-scramble:bool", "timeout-ms"));
         String topic = f.str("topic", "");
         if (topic.isEmpty()) {
             throw usage("--topic is required");
@@ -575,7 +579,7 @@ public final class PulsarDriver {
 
     static int consume(String[] args) throws Exception {
         Flags f = new Flags(args, 1, kinds("url", "topic", "sub", "type", "sticky-ranges", "count", "timeout-ms",
-                "idle-ms", "nack-first", "nack-delay-ms", "schema", "token", "tls-trust-certs", "initial-position", "consumer-name"));
+                "idle-ms", "nack-first", "nack-delay-ms", "schema", "token", "tls-trust-certs", "tls-cert-file", "tls-key-file", "initial-position", "consumer-name"));
         String topic = f.str("topic", "");
         String sub = f.str("sub", "");
         if (topic.isEmpty() || sub.isEmpty()) {

@@ -119,6 +119,8 @@ def make_client(a):
               connection_timeout_ms=max(1000, min(10000, a.timeout_ms)), logger=client_logger())
     if a.token:
         kw["authentication"] = pulsar.AuthenticationToken(a.token)
+    if a.tls_cert_file:
+        kw["authentication"] = pulsar.AuthenticationTLS(a.tls_cert_file, a.tls_key_file)
     if a.tls_trust_certs:
         kw.update(tls_trust_certs_file_path=a.tls_trust_certs, tls_validate_hostname=True,
                   tls_allow_insecure_connection=False)
@@ -161,6 +163,8 @@ def produce(argv):
     p.add_argument("--producer-name", default="")
     p.add_argument("--token", default="")
     p.add_argument("--tls-trust-certs", default="")
+    p.add_argument("--tls-cert-file", default="")
+    p.add_argument("--tls-key-file", default="")
     p.add_argument("--send-timeout-ms", type=int, default=-1)
     p.add_argument("--seq-start", type=int, default=-1)
     p.add_argument("--timeout-ms", type=int, default=120000)
@@ -367,6 +371,8 @@ def consume(argv):
     p.add_argument("--schema", default="bytes")
     p.add_argument("--token", default="")
     p.add_argument("--tls-trust-certs", default="")
+    p.add_argument("--tls-cert-file", default="")
+    p.add_argument("--tls-key-file", default="")
     p.add_argument("--initial-position", default="earliest")
     p.add_argument("--consumer-name", default="")
     a = p.parse_args(argv)

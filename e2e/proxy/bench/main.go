@@ -84,7 +84,16 @@ func main() {
 	flag.IntVar(&brokerPID, "broker-pid", 0, "the broker's pid, to report its CPU time per run too (0: not reported)")
 	readBuf := flag.Int("proxy-read-buffer", 0, "our proxy's ReadBufferCap in bytes (0: its default)")
 	baseline := flag.String("baseline", "", "another build of this command (say, of the previous commit) whose proxy is measured too, as target \"base\", to compare a change within one run")
+	tlsMode := flag.Bool("tls", false, "TLS on every hop: start a private broker with a TLS port (certificates made now), connect directly over TLS, and run both proxies with a TLS listener speaking TLS to the broker (-broker and -broker-web are then ignored)")
 	flag.Parse()
+	if *tlsMode {
+		b, err := startTLSBroker()
+		if err != nil {
+			fail(fmt.Errorf("TLS broker: %w", err))
+		}
+		defer func() { _ = b.Stop() }()
+		*brokerURL, *brokerWeb = b.ServiceURLTLS, b.AdminURL
+	}
 
 	addr, err := proxy.BrokerAddress(*brokerURL)
 	if err != nil {
@@ -132,7 +141,11 @@ func main() {
 	if *rounds <= 0 {
 		*rounds = len(targets)
 	}
-	fmt.Printf("broker %s; GOMAXPROCS %d; %d rounds per cell, interleaved, rotating\n", *brokerURL, runtime.GOMAXPROCS(0), *rounds)
+	mode := "plaintext"
+	if tlsFiles != nil {
+		mode = "TLS on every hop"
+	}
+	fmt.Printf("broker %s (%s); GOMAXPROCS %d; %d rounds per cell, interleaved, rotating\n", *brokerURL, mode, runtime.GOMAXPROCS(0), *rounds)
 	for _, t := range targets[1:] {
 		fmt.Printf("  %-6s %s (pid %d)\n", t.name, t.url, t.pid)
 	}
@@ -293,7 +306,11 @@ func fail(err error) {
 func run(url string, w workload) result {
 	l := logrus.New()
 	l.SetLevel(logrus.ErrorLevel)
-	c, err := pulsar.NewClient(pulsar.ClientOptions{URL: url, Logger: plog.NewLoggerWithLogrus(l), OperationTimeout: 30 * time.Second})
+	opts := pulsar.ClientOptions{URL: url, Logger: plog.NewLoggerWithLogrus(l), OperationTimeout: 30 * time.Second}
+	if tlsFiles != nil {
+		opts.TLSTrustCertsFilePath, opts.TLSValidateHostname = tlsFiles.CA, true
+	}
+	c, err := pulsar.NewClient(opts)
 	if err != nil {
 		fail(err)
 	}
@@ -420,6 +437,9 @@ func startOurs(exe, name, brokerAddr, cpuprofile string, readBuf int) (*process,
 	cmd := exec.Command(exe)
 	cmd.Env = append(os.Environ(), childEnv+"="+brokerAddr, "REBATCHPROXY_BENCH_CPUPROFILE="+cpuprofile,
 		"REBATCHPROXY_BENCH_READBUF="+strconv.Itoa(readBuf))
+	if tlsFiles != nil {
+		cmd.Env = append(cmd.Env, tlsEnv+"="+tlsFiles.dir)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
@@ -444,6 +464,9 @@ func startOurs(exe, name, brokerAddr, cpuprofile string, readBuf int) (*process,
 	select {
 	case a := <-addr:
 		p.target = target{name: name, url: "pulsar://" + a, pid: cmd.Process.Pid}
+		if tlsFiles != nil {
+			p.target.url = "pulsar+ssl://" + a
+		}
 		return p, nil
 	case <-p.done:
 		return nil, errors.New("exited before listening")
@@ -458,6 +481,12 @@ func serveChild(brokerAddr string) {
 	cfg := proxy.DefaultConfig()
 	cfg.Listen, cfg.Brokers = "127.0.0.1:0", []string{brokerAddr}
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	tlsDir := os.Getenv(tlsEnv)
+	if tlsDir != "" {
+		f := certFiles(tlsDir)
+		cfg.BrokerTLS, cfg.BrokerTLSTrustCertsFile = true, f.CA
+		cfg.TLSListen, cfg.TLSCertFile, cfg.TLSKeyFile = "127.0.0.1:0", f.ServerCert, f.ServerKey
+	}
 	if n, _ := strconv.Atoi(os.Getenv("REBATCHPROXY_BENCH_READBUF")); n > 0 {
 		cfg.ReadBufferCap = n
 	}
@@ -482,6 +511,9 @@ func serveChild(brokerAddr string) {
 	cancel()
 	if a == "" {
 		fail(fmt.Errorf("proxy did not start: %v", <-done))
+	}
+	if tlsDir != "" {
+		a = srv.TLSAddr() // clients use the TLS listener
 	}
 	fmt.Println("listening " + a)
 	sig := make(chan os.Signal, 1)
@@ -534,6 +566,20 @@ advertisedAddress=127.0.0.1
 clusterName=standalone
 brokerProxyAllowedTargetPorts=%s
 `, brokerURL, brokerWeb, servicePort, webPort, brokerPort)
+	tlsPort := servicePort
+	if tlsFiles != nil {
+		if tlsPort, err = freePort(); err != nil {
+			return nil, err
+		}
+		conf += fmt.Sprintf(`servicePortTls=%d
+tlsCertificateFilePath=%s
+tlsKeyFilePath=%s
+tlsEnabledWithBroker=true
+brokerServiceURLTLS=%s
+brokerClientTrustCertsFilePath=%s
+tlsHostnameVerificationEnabled=true
+`, tlsPort, tlsFiles.ServerCert, tlsFiles.ServerKey, brokerURL, tlsFiles.CA)
+	}
 	confPath := filepath.Join(dir, "proxy.conf")
 	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
 		return nil, err
@@ -558,7 +604,7 @@ brokerProxyAllowedTargetPorts=%s
 		cleanup: func() { _ = logf.Close(); _ = os.RemoveAll(dir) }}
 	go func() { _ = cmd.Wait(); close(p.done) }()
 	track(p)
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(servicePort))
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(tlsPort))
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
@@ -579,6 +625,9 @@ brokerProxyAllowedTargetPorts=%s
 		}
 	}
 	p.target = target{name: "java", url: "pulsar://" + addr, pid: cmd.Process.Pid}
+	if tlsFiles != nil {
+		p.target.url = "pulsar+ssl://" + addr
+	}
 	return p, nil
 }
 

@@ -168,8 +168,9 @@ func nullIfEmpty(s string) any {
 }
 
 // clientOptions bounds the client's own retries by the run's deadline as well.
-// trust is a CA file for pulsar+ssl:// URLs (hostnames verified); "" for none.
-func clientOptions(url, token, trust string, deadline time.Duration) pulsar.ClientOptions {
+// trust is a CA file for pulsar+ssl:// URLs (hostnames verified); "" for none. cert and key,
+// when set, authenticate the client by its TLS certificate (auth method "tls").
+func clientOptions(url, token, trust, cert, key string, deadline time.Duration) pulsar.ClientOptions {
 	o := pulsar.ClientOptions{
 		URL:               url,
 		OperationTimeout:  min(30*time.Second, deadline),
@@ -181,6 +182,9 @@ func clientOptions(url, token, trust string, deadline time.Duration) pulsar.Clie
 	if trust != "" {
 		o.TLSTrustCertsFilePath = trust
 		o.TLSValidateHostname = true
+	}
+	if cert != "" {
+		o.Authentication = pulsar.NewAuthenticationTLS(cert, key)
 	}
 	return o
 }
@@ -221,6 +225,8 @@ func produce(args []string) int {
 	producerName := fs.String("producer-name", "", "producer name")
 	token := fs.String("token", "", "JWT token")
 	trust := fs.String("tls-trust-certs", "", "CA certificates file for pulsar+ssl:// (hostname verified)")
+	certFile := fs.String("tls-cert-file", "", "client certificate file: authenticate by TLS certificate")
+	keyFile := fs.String("tls-key-file", "", "private key file of --tls-cert-file")
 	sendTimeout := fs.Int("send-timeout-ms", -1, "send timeout in ms (-1 = client default, 0 = none)")
 	seqStart := fs.Int64("seq-start", -1, "if >= 0, message i is sent with sequence id seq-start+i")
 	timeoutMs := fs.Int("timeout-ms", 120000, "overall deadline")
@@ -324,7 +330,7 @@ func produce(args []string) int {
 		return exitFailed
 	}
 
-	client, err := pulsar.NewClient(clientOptions(*url, *token, *trust, time.Duration(*timeoutMs)*time.Millisecond))
+	client, err := pulsar.NewClient(clientOptions(*url, *token, *trust, *certFile, *keyFile, time.Duration(*timeoutMs)*time.Millisecond))
 	if err != nil {
 		return fail("client", err)
 	}
@@ -477,6 +483,8 @@ func consume(args []string) int {
 	schema := fs.String("schema", "bytes", "bytes|json|avro")
 	token := fs.String("token", "", "JWT token")
 	trust := fs.String("tls-trust-certs", "", "CA certificates file for pulsar+ssl:// (hostname verified)")
+	certFile := fs.String("tls-cert-file", "", "client certificate file: authenticate by TLS certificate")
+	keyFile := fs.String("tls-key-file", "", "private key file of --tls-cert-file")
 	initial := fs.String("initial-position", "earliest", "earliest|latest")
 	consumerName := fs.String("consumer-name", "", "consumer name")
 	if err := fs.Parse(args); err != nil {
@@ -539,7 +547,7 @@ func consume(args []string) int {
 	defer cancel()
 	start := time.Now()
 	summary := map[string]any{"kind": "summary", "op": "consume", "client": clientName(), "count": *count}
-	client, err := pulsar.NewClient(clientOptions(*url, *token, *trust, time.Duration(*timeoutMs)*time.Millisecond))
+	client, err := pulsar.NewClient(clientOptions(*url, *token, *trust, *certFile, *keyFile, time.Duration(*timeoutMs)*time.Millisecond))
 	if err != nil {
 		summary["error"] = "client: " + err.Error()
 		emit(summary)

@@ -1,0 +1,45 @@
+package main
+
+import (
+	"os"
+
+	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
+	"github.com/rebatchproxy/rebatchproxy/internal/testcert"
+)
+
+// TLS mode (-tls): a private broker with a TLS port, certificates made at start, every hop TLS.
+
+// tlsEnv, set in our proxy's environment, names the directory of the run's certificates.
+const tlsEnv = "REBATCHPROXY_BENCH_TLS"
+
+// benchCerts are the run's certificates and the directory holding them.
+type benchCerts struct {
+	testcert.Files
+	dir string
+}
+
+// tlsFiles is set in TLS mode (main's goroutine, before any run).
+var tlsFiles *benchCerts
+
+// certFiles names the certificates testcert.Write made in dir.
+func certFiles(dir string) testcert.Files {
+	f, err := testcert.Names(dir)
+	if err != nil {
+		fail(err)
+	}
+	return f
+}
+
+// startTLSBroker makes the run's certificates and starts a private broker with a TLS port.
+func startTLSBroker() (*harness.Broker, error) {
+	dir, err := os.MkdirTemp("", "bench-tls-")
+	if err != nil {
+		return nil, err
+	}
+	f, err := testcert.Write(dir)
+	if err != nil {
+		return nil, err
+	}
+	tlsFiles = &benchCerts{Files: f, dir: dir}
+	return harness.StartBroker(harness.Options{TLS: &harness.TLSFiles{Cert: f.ServerCert, Key: f.ServerKey, CA: f.CA}})
+}
