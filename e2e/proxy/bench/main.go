@@ -92,10 +92,12 @@ func main() {
 			fail(fmt.Errorf("TLS broker: %w", err))
 		}
 		defer func() { _ = b.Stop() }()
+		brokerPlainURL = b.ServiceURL // the Java proxy's brokerServiceURL must be pulsar://
 		*brokerURL, *brokerWeb = b.ServiceURLTLS, b.AdminURL
 	}
 
-	addr, err := proxy.BrokerAddress(*brokerURL)
+	// The broker's host:port, plaintext or TLS (the proxies are told which).
+	addr, err := proxy.BrokerAddress("pulsar://" + strings.TrimPrefix(strings.TrimPrefix(*brokerURL, "pulsar+ssl://"), "pulsar://"))
 	if err != nil {
 		fail(err)
 	}
@@ -571,14 +573,17 @@ brokerProxyAllowedTargetPorts=%s
 		if tlsPort, err = freePort(); err != nil {
 			return nil, err
 		}
-		conf += fmt.Sprintf(`servicePortTls=%d
+		conf += fmt.Sprintf(`brokerServiceURL=%s
+servicePortTls=%d
 tlsCertificateFilePath=%s
 tlsKeyFilePath=%s
 tlsEnabledWithBroker=true
 brokerServiceURLTLS=%s
 brokerClientTrustCertsFilePath=%s
 tlsHostnameVerificationEnabled=true
-`, tlsPort, tlsFiles.ServerCert, tlsFiles.ServerKey, brokerURL, tlsFiles.CA)
+# Required with tlsEnabledWithBroker; the benchmark sends no HTTP, and the broker has no HTTPS port.
+brokerWebServiceURLTLS=%s
+`, brokerPlainURL, tlsPort, tlsFiles.ServerCert, tlsFiles.ServerKey, brokerURL, tlsFiles.CA, strings.Replace(brokerWeb, "http://", "https://", 1))
 	}
 	confPath := filepath.Join(dir, "proxy.conf")
 	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {

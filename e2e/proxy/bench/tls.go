@@ -18,8 +18,12 @@ type benchCerts struct {
 	dir string
 }
 
-// tlsFiles is set in TLS mode (main's goroutine, before any run).
-var tlsFiles *benchCerts
+// tlsFiles and brokerPlainURL (the broker's pulsar:// URL) are set in TLS mode (main's
+// goroutine, before any run).
+var (
+	tlsFiles       *benchCerts
+	brokerPlainURL string
+)
 
 // certFiles names the certificates testcert.Write made in dir.
 func certFiles(dir string) testcert.Files {
