@@ -89,6 +89,8 @@ type connSide struct {
 	e  *end
 	c  net.Conn
 	in []byte // loop-owned: read, not yet consumed
+	// inBase is loop-owned: the whole array in lives in, reused once in is consumed.
+	inBase []byte
 	// gone is loop-owned: finish ran.
 	gone bool
 
@@ -126,10 +128,10 @@ func (k *connSide) reader() {
 		k.mu.Unlock()
 		n, err := k.c.Read(buf)
 		if n > 0 {
-			if k.l.run(func() { k.input(buf[:n]); handed <- struct{}{} }) != nil {
+			if k.l.run(func() { buf = k.input(buf[:n]); handed <- struct{}{} }) != nil {
 				return
 			}
-			<-handed // buf is the session's until its task ran
+			<-handed // buf is the session's until its task ran; it gives one back
 		}
 		if err != nil {
 			_ = k.l.run(func() { k.finish(err) })
@@ -138,14 +140,44 @@ func (k *connSide) reader() {
 	}
 }
 
-// input appends b and hands the input to the session. Runs on the loop.
-func (k *connSide) input(b []byte) {
+// input hands the session b, just read, and returns the buffer the reader reads into next. With
+// nothing left unconsumed, b's array becomes the input as it is (no copy) and the reader gets the
+// consumed one back; else b is appended. The session keeps no slice of its input past a call
+// (as on gnet, whose buffer is reused), so a consumed array is free. Runs on the loop.
+func (k *connSide) input(b []byte) []byte {
 	if k.gone {
-		return
+		return b
 	}
-	k.in = append(k.in, b...)
+	if len(k.in) > 0 {
+		k.appendInput(b)
+		k.handle()
+		return b[:cap(b)]
+	}
+	spare := k.inBase
+	k.in, k.inBase = b, b[:cap(b)]
 	k.handle()
+	if cap(spare) < connReadChunk {
+		spare = make([]byte, connReadChunk)
+	}
+	return spare[:cap(spare)]
 }
+
+// appendInput appends b to the unconsumed input, moving it to the front of its array first
+// when that makes room. Runs on the loop.
+func (k *connSide) appendInput(b []byte) {
+	if cap(k.in)-len(k.in) < len(b) && len(k.in)+len(b) <= cap(k.inBase) {
+		k.in = k.inBase[:copy(k.inBase, k.in)]
+	}
+	c := cap(k.in)
+	k.in = append(k.in, b...)
+	if cap(k.in) != c {
+		k.inBase = k.in[:cap(k.in)]
+	}
+}
+
+// maxKeptInput is the largest input array kept for reuse once consumed; a burst's bigger one
+// is let go.
+const maxKeptInput = 1 << 20
 
 // handle runs the session on the buffered input. Runs on the loop.
 func (k *connSide) handle() {
@@ -202,7 +234,10 @@ func (k *connSide) Peek(n int) ([]byte, error) { return k.in[:n], nil }
 func (k *connSide) Discard(n int) {
 	k.in = k.in[n:]
 	if len(k.in) == 0 {
-		k.in = k.in[:0:0] // let a burst's buffer go
+		if cap(k.inBase) > maxKeptInput {
+			k.inBase = nil // let a burst's buffer go
+		}
+		k.in = k.inBase[:0]
 	}
 }
 
