@@ -406,7 +406,7 @@ func roundTrip(t *testing.T, proxyURL string, broker *harness.Broker) {
 				wg.Done()
 			})
 	}
-	if err := producer.Flush(); err != nil {
+	if err := producer.FlushWithCtx(ctx); err != nil {
 		t.Fatalf("flush: %v", err)
 	}
 	wg.Wait()
@@ -474,7 +474,10 @@ func drain(t *testing.T, c *composeRun, proxyURL, proxyID string, grace time.Dur
 		client.Close()
 		t.Fatalf("subscribe before SIGTERM: %v", err)
 	}
-	t.Logf("drain: proxy container StopSignal %q StopTimeout %q", c.e.state(t, proxyID, "{{.Config.StopSignal}}"), c.e.state(t, proxyID, "{{.Config.StopTimeout}}"))
+	// compose passes the file's stop_grace_period on as the container's stop timeout.
+	if st := c.e.state(t, proxyID, "{{.Config.StopTimeout}}"); st != strconv.Itoa(int(grace.Seconds())) {
+		t.Errorf("proxy container StopTimeout %q, want the compose file's stop_grace_period %v", st, grace)
+	}
 	t0 := time.Now()
 	type result struct {
 		out string

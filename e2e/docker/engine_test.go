@@ -133,13 +133,12 @@ func installPackages(t *testing.T) {
 	t0 := time.Now()
 	env := append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
 	args := append([]string{"install", "-y", "-q", "--no-install-recommends"}, pkgs...)
-	out, err := run(15*time.Minute, env, "", "apt-get", args...)
-	if err != nil {
+	if _, err := run(15*time.Minute, env, "", "apt-get", args...); err != nil {
 		// A stale package list is the usual reason; refresh it once.
 		if o, err2 := run(10*time.Minute, env, "", "apt-get", "update", "-q"); err2 != nil {
 			t.Fatalf("apt-get update: %v\n%s", err2, tail(o, 20))
 		}
-		if out, err = run(15*time.Minute, env, "", "apt-get", args...); err != nil {
+		if out, err := run(15*time.Minute, env, "", "apt-get", args...); err != nil {
 			t.Fatalf("cannot install %v: %v\n%s", pkgs, err, tail(out, 30))
 		}
 	}

@@ -251,10 +251,11 @@ func (e *engine) buildFromStdin(tag, key string, buildArgs []string, entries []c
 
 // ensureGolang: the builder stand-in for golang:1.26-bookworm, with this machine's GOROOT.
 func (e *engine) ensureGolang(t *testing.T, debian builtImage) builtImage {
-	goroot := runtime.GOROOT()
-	if out, err := exec.Command("go", "env", "GOROOT").Output(); err == nil {
-		goroot = strings.TrimSpace(string(out))
+	out, err := exec.Command("go", "env", "GOROOT").Output()
+	if err != nil {
+		t.Fatalf("go env GOROOT: %v", err)
 	}
+	goroot := strings.TrimSpace(string(out))
 	gover, err := exec.Command(filepath.Join(goroot, "bin", "go"), "version").Output()
 	if err != nil {
 		t.Fatalf("go version in %s: %v", goroot, err)
