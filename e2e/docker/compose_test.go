@@ -175,8 +175,15 @@ func composeEnv(ports map[string]int) []string {
 // compose file names it. The Docker build cache does the reuse; the run state records which
 // context gave which image so that an unchanged context must give the same image.
 func (e *engine) buildProxy(t *testing.T, repo, tag string, golang, static builtImage) builtImage {
-	sum := proxyContextHash(t, repo)
+	// The context and both base images: a rebuilt base rightly gives a new proxy image.
+	sum := hashOf(proxyContextHash(t, repo), golang.ID, static.ID)
 	prev := loadState(t, e.cache)
+	// The previous run's image (and so its build cache, the parents of that image) still there?
+	prevThere := false
+	if prev.ProxyID != "" {
+		_, err := e.dockerCmd(time.Minute, "image", "inspect", prev.ProxyID)
+		prevThere = err == nil
+	}
 	t0 := time.Now()
 	out, err := e.dockerCmd(20*time.Minute, "build", "--network", "host",
 		"--build-arg", "BUILD_IMAGE="+golang.Tag, "--build-arg", "RUNTIME_IMAGE="+static.Tag,
@@ -190,7 +197,10 @@ func (e *engine) buildProxy(t *testing.T, repo, tag string, golang, static built
 		Note: fmt.Sprintf("%d of %d build steps from cache", cached, steps)}
 	t.Logf("image %s: %s %s in %v (%s)", tag, map[bool]string{true: "built", false: "all cached:"}[img.Built],
 		short(id), img.Took.Round(time.Second), img.Note)
-	if prev.ProxyContext == sum {
+	if prev.ProxyContext == sum && prevThere {
+		if cached < steps {
+			t.Errorf("proxy image: unchanged context and bases since the previous run, but %d of %d build steps ran again", steps-cached, steps)
+		}
 		if prev.ProxyID != id {
 			t.Errorf("proxy image: the build context is the one of the previous run (%s) but the image changed: %s, was %s", sum, short(id), short(prev.ProxyID))
 		} else {

@@ -330,7 +330,7 @@ func imagesDir(t *testing.T) string {
 
 // runState is what the previous run built, kept in the cache directory (state.json).
 type runState struct {
-	ProxyContext string `json:"proxy_context"` // hash of the proxy image's build context
+	ProxyContext string `json:"proxy_context"` // hash of the proxy's build context and base images
 	ProxyID      string `json:"proxy_id"`
 }
 
