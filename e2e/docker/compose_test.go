@@ -207,8 +207,43 @@ func (e *engine) buildProxy(t *testing.T, repo, tag string, golang, static built
 			t.Logf("image %s: unchanged since the previous run (same context %s, same id)", tag, sum)
 		}
 	}
-	saveState(t, e.cache, runState{ProxyContext: sum, ProxyID: id})
+	stage := builderStage(out)
+	// What the previous run built and this one superseded (an image the proxy Dockerfile's
+	// builder stage left, with its compile and module layers; an untagged proxy image) is
+	// removed, so that the image store does not grow by a build per source change. Only ids
+	// this test recorded are touched.
+	for _, old := range []string{prev.BuilderStage, prev.ProxyID} {
+		if old != "" && old != stage && old != id {
+			if out, err := e.dockerCmd(2*time.Minute, "rmi", old); err != nil {
+				t.Logf("image %s: not removing the superseded %s: %s", tag, short(old), strings.TrimSpace(tail(out, 1)))
+			} else {
+				t.Logf("image %s: removed the superseded %s", tag, short(old))
+			}
+		}
+	}
+	saveState(t, e.cache, runState{ProxyContext: sum, ProxyID: id, BuilderStage: stage})
 	return img
+}
+
+// builderStage returns the id of the last image of the build's first stage (the one before the
+// second FROM) in a legacy-builder log, or "".
+func builderStage(out string) string {
+	blocks := strings.Split(out, "\nStep ")
+	froms := 0
+	for i, block := range blocks {
+		if _, instr, _ := strings.Cut(block, " : "); !strings.HasPrefix(instr, "FROM ") {
+			continue
+		}
+		if froms++; froms == 2 && i > 0 {
+			prev := blocks[i-1]
+			if j := strings.LastIndex(prev, " ---> "); j >= 0 {
+				if f := strings.Fields(prev[j+len(" ---> "):]); len(f) > 0 {
+					return f[0]
+				}
+			}
+		}
+	}
+	return ""
 }
 
 // buildSteps counts the steps of a legacy-builder log that make a layer (not FROM, not an ARG
@@ -228,7 +263,8 @@ func buildSteps(out string) (steps, cached int) {
 }
 
 // proxyContextHash hashes what the proxy's build context holds per .dockerignore (go.mod,
-// go.sum, the Dockerfile and the non-test Go sources of the packages listed there).
+// go.sum, the Dockerfile and the files of the directories listed there but tests, testdata
+// and Markdown).
 func proxyContextHash(t *testing.T, repo string) string {
 	h := sha256.New()
 	add := func(rel string) {
@@ -255,7 +291,7 @@ func proxyContextHash(t *testing.T, repo string) string {
 			if d.IsDir() && d.Name() == "testdata" {
 				return filepath.SkipDir
 			}
-			if !d.IsDir() && !strings.HasSuffix(p, "_test.go") {
+			if !d.IsDir() && !strings.HasSuffix(p, "_test.go") && !strings.HasSuffix(p, ".md") {
 				rel, _ := filepath.Rel(repo, p)
 				files = append(files, rel)
 			}

@@ -332,6 +332,7 @@ func imagesDir(t *testing.T) string {
 type runState struct {
 	ProxyContext string `json:"proxy_context"` // hash of the proxy's build context and base images
 	ProxyID      string `json:"proxy_id"`
+	BuilderStage string `json:"builder_stage"` // last image of the proxy Dockerfile's build stage
 }
 
 func loadState(t *testing.T, dir string) runState {
