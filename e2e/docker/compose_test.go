@@ -121,6 +121,9 @@ func TestComposeUpRunsProxyInFrontOfPulsar(t *testing.T) {
 		c.dumpLogs(t)
 		t.Fatalf("pulsar container health: %q after compose up, want healthy", h)
 	}
+	if u := e.state(t, proxyID, "{{.Config.User}}"); u != "nonroot:nonroot" {
+		t.Errorf("proxy container runs as %q, want nonroot:nonroot (the Dockerfile's USER)", u)
+	}
 	metrics := fmt.Sprintf("http://127.0.0.1:%d", ports["REBATCH_METRICS_PORT"])
 	waitReady(t, metrics+"/readyz", time.Minute, c)
 	tUp := time.Since(t0)
