@@ -218,8 +218,12 @@ var lossyKeyBatchers = map[string]bool{"go-v0.8.1": true, "go-v0.10.0": true, "g
 // sequence-id order too (one numbered 0 after ones numbered up to 49), and directly, with
 // de-duplication on, it either loses most messages (1,066 to 1,396 of 2,000 in five runs) or
 // stops getting answers after the broker's "cannot determine whether the message is a
-// duplicate" and blocks in send or flush until the driver's watchdog ends it (three of the last
-// four direct runs); through the proxy it blocked the same way.
+// duplicate" and blocks in send or flush until the driver's watchdog ends it (three of four
+// direct runs in session 3); through the proxy it blocked the same way. Since rewriting policies
+// hold out-of-order sends until the broker can judge them (rebatch/outoforder.go), four runs
+// (session 5, run as a lossy client) did not block: directly 1,057 to 1,192 of 2,000 lost, under
+// passthrough 866 to 1,146, coalesce 1,057 to 1,254, properties 872 to 1,470, buckets 685 to
+// 1,024, never one stored twice; one of the four failed (not analysed), so it stays out of CI.
 var brokenKeyBatchers = map[string]string{"python-3.1.0": "not run: the client loses data or hangs directly"}
 
 // dedupTable renders DEDUP.md: one row per client, one cell per path.
