@@ -21,6 +21,7 @@ done
 
 echo "== go vet"
 go vet ./...
+# shellcheck disable=SC2046 # one argument per file
 unformatted=$(gofmt -l $(git ls-files '*.go' | grep -v '\.pb\.go$') 2>/dev/null || true)
 [ -z "$unformatted" ] || die "gofmt would change: $unformatted"
 
@@ -44,36 +45,7 @@ echo "== go test (unit and end to end, real broker at $PULSAR_SERVICE_URL)"
 go test -p 1 -count=1 -timeout 60m ${GO_TEST_FLAGS:-} ./...
 
 FUZZTIME=${FUZZTIME:-5s}
-
-# fuzz_one runs one fuzz target for FUZZTIME. Go 1.26's fuzzing coordinator can fail a target
-# with a bare "context deadline exceeded" when -fuzztime expires while a worker is mid-call
-# (go.dev/issue/75804, fixed in Go 1.27): no input failed and none is written. Exactly that
-# outcome is run once more; any other failure (a failing input written, a panic, a t.Fatal)
-# fails at once.
-fuzz_one() {
-  local pkg=$1 target=$2 out rc attempt
-  for attempt in 1 2; do
-    rc=0
-    out=$(go test -run='^$' -fuzz="^$target\$" -fuzztime="$FUZZTIME" "$pkg" 2>&1) || rc=$?
-    printf '%s\n' "$out"
-    [ "$rc" = 0 ] && return 0
-    if [ "$attempt" = 1 ] && grep -q 'context deadline exceeded' <<<"$out" &&
-      ! grep -q -e 'Failing input written to' -e 'panic:' -e '_test.go:[0-9]' <<<"$out"; then
-      echo "-- $target: the fuzzing engine's deadline race (go.dev/issue/75804), no failing input; running it once more"
-      continue
-    fi
-    return "$rc"
-  done
-}
-
 if [ "$FUZZTIME" != 0 ]; then
-  echo "== fuzz targets, $FUZZTIME each"
-  git ls-files '*_test.go' | xargs grep -l '^func Fuzz' | while read -r f; do
-    pkg=./$(dirname "$f")
-    for target in $(grep -o '^func Fuzz[A-Za-z0-9_]*' "$f" | sed 's/^func //'); do
-      echo "-- $pkg $target"
-      fuzz_one "$pkg" "$target"
-    done
-  done
+  FUZZTIME=$FUZZTIME e2e/fuzz.sh
 fi
 echo "== all tests passed"

@@ -118,7 +118,8 @@ type Config struct {
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 	// ProducerPaths builds the producer-path handler of each connection;
-	// nil means Passthrough.
+	// nil means every producer passthrough with duplicate chunks removed
+	// (RebatchPaths with no policies and a default ChunkDedup).
 	ProducerPaths ProducerPathFactory
 }
 

@@ -132,7 +132,7 @@ func halfSendInTransit(t *testing.T, path ProducerPath) (client, broker net.Conn
 // pingOnReceipt is a producer path that, like a re-batching engine
 // flushing on a receipt, writes a frame of its own to the broker whenever
 // the broker acknowledges a send.
-type pingOnReceipt struct{ Passthrough }
+type pingOnReceipt struct{ forwardPath }
 
 func (pingOnReceipt) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 	if f.Type() == pulsarpb.BaseCommand_SEND_RECEIPT {
@@ -176,7 +176,7 @@ func TestClientLeavingMidCutThroughClosesBroker(t *testing.T) {
 // backlogOnReceipt is a producer path that reports a backlog from the first receipt on, as a
 // rewriting producer does when receipts release queued sends into a full engine.
 type backlogOnReceipt struct {
-	Passthrough
+	forwardPath
 	on *bool
 }
 
@@ -213,7 +213,7 @@ func TestBacklogNeverStopsAFrameInTransit(t *testing.T) {
 // bigWriteOnReceipt is a producer path that writes n bytes of frames of its own to the broker
 // when the broker acknowledges a send.
 type bigWriteOnReceipt struct {
-	Passthrough
+	forwardPath
 	n int
 }
 

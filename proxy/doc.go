@@ -127,9 +127,13 @@
 //     Closing either side closes the other after flushing what was queued.
 //  7. Hot path. Per forwarded frame: the wire.ReadFrame header walk (or
 //     wire.ReadHead for a frame cut through, contract 8), a type switch and
-//     two atomic counter adds; no allocation, no decode. Only
-//     CONNECT, CONNECTED, LOOKUP_RESPONSE, PRODUCER, SUBSCRIBE and
-//     SEND_ERROR are decoded (rare frames, for routing and logs).
+//     two atomic counter adds; no allocation, no decode. Decoded are only
+//     rare frames, for routing, credentials and logs: CONNECT, CONNECTED,
+//     LOOKUP and PARTITIONED_METADATA (when redirects are followed),
+//     LOOKUP_RESPONSE, PRODUCER, SUBSCRIBE, SEND_ERROR, AUTH_RESPONSE,
+//     AUTH_CHALLENGE (on a proxy-role connection), CLOSE_PRODUCER and
+//     CLOSE_CONSUMER; and, by the producer path, what its policy needs of a
+//     producer's frames (rebatch: SEND and its receipts).
 //  8. Cut-through. A frame is normally forwarded once all of it has been
 //     read. A MESSAGE of at least 16 KiB, and a SEND of that size that the
 //     ProducerPath lets go on from its command alone (HeadForwarder: a

@@ -12,7 +12,7 @@ import (
 )
 
 // panickyPath panics on every producer frame from the client: a stand-in for a bug.
-type panickyPath struct{ Passthrough }
+type panickyPath struct{ forwardPath }
 
 func (panickyPath) FromClient(wire.Frame, Outputs) (Verdict, error) { panic("boom") }
 

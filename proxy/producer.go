@@ -93,28 +93,6 @@ type ConnInfo struct {
 // broker handshake is done. It is called on the connection's event loop.
 type ProducerPathFactory func(ConnInfo) ProducerPath
 
-// Passthrough is the ProducerPath of the transparent proxy: every frame is
-// forwarded unchanged.
-type Passthrough struct{}
-
-// FromClient implements ProducerPath; it forwards every frame.
-func (Passthrough) FromClient(wire.Frame, Outputs) (Verdict, error) { return Forward, nil }
-
-// FromBroker implements ProducerPath; it forwards every frame.
-func (Passthrough) FromBroker(wire.Frame, Outputs) (Verdict, error) { return Forward, nil }
-
-// ForwardHead implements HeadForwarder; every SEND goes on unchanged.
-func (Passthrough) ForwardHead(wire.Head) bool { return true }
-
-// Tick implements ProducerPath; passthrough has nothing timed.
-func (Passthrough) Tick(time.Time, Outputs) error { return nil }
-
-// NextDeadline implements ProducerPath; passthrough never needs a tick.
-func (Passthrough) NextDeadline() time.Time { return time.Time{} }
-
-// Close implements ProducerPath.
-func (Passthrough) Close() {}
-
 // isProducerFrame reports whether frames of type t travelling in direction
 // d go through the ProducerPath.
 func isProducerFrame(d direction, t pulsarpb.BaseCommand_Type) bool {

@@ -190,7 +190,7 @@ EOF
     die "PULSAR_AUTH must be none, token or tls, not '$PULSAR_AUTH'"
   fi
   if [ -n "$PULSAR_TLS_PORT" ]; then
-    [ -f "$PULSAR_TLS_CERT" ] && [ -f "$PULSAR_TLS_KEY" ] || die "PULSAR_TLS_PORT needs PULSAR_TLS_CERT and PULSAR_TLS_KEY files"
+    if [ ! -f "$PULSAR_TLS_CERT" ] || [ ! -f "$PULSAR_TLS_KEY" ]; then die "PULSAR_TLS_PORT needs PULSAR_TLS_CERT and PULSAR_TLS_KEY files"; fi
     cat >>"$conf" <<EOF
 brokerServicePortTls=$PULSAR_TLS_PORT
 tlsCertificateFilePath=$PULSAR_TLS_CERT
@@ -208,7 +208,7 @@ port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 cmd_start() {
   need curl "install curl; readiness is probed over HTTP"
   local java; java=$(java_bin)
-  [ -n "$java" ] && [ -x "$java" ] || die "missing prerequisite: java (JDK 17+) is not on PATH and JAVA_HOME is unset"
+  if [ -z "$java" ] || [ ! -x "$java" ]; then die "missing prerequisite: java (JDK 17+) is not on PATH and JAVA_HOME is unset"; fi
   if running_pid >/dev/null; then
     if is_ready; then log "instance '$PULSAR_INSTANCE' already running and ready on $web"; return 0; fi
     cmd_stop
@@ -230,7 +230,7 @@ cmd_start() {
     export PULSAR_GC_LOG=" "
     export PULSAR_LOG_DIR="$run/logs"
     export PULSAR_LOG_ROOT_LEVEL=info PULSAR_LOG_LEVEL=info
-    [ -n "${JAVA_HOME:-}" ] || export JAVA_HOME=$(dirname "$(dirname "$(readlink -f "$java")")")
+    if [ -z "${JAVA_HOME:-}" ]; then JAVA_HOME=$(dirname "$(dirname "$(readlink -f "$java")")"); export JAVA_HOME; fi
     # bin/pulsar execs java, so the pid of this process is the JVM's.
     exec setsid "$dist/bin/pulsar" standalone --no-functions-worker --no-stream-storage \
       --metadata-dir "$run/data/metadata" --bookkeeper-dir "$run/data/bookkeeper" \
@@ -250,7 +250,8 @@ cmd_start() {
     fi
     sleep 0.5
   done
-  local ms=$((($(date +%s%N) - t0) / 1000000)); local secs="$((ms / 1000)).$(printf '%03d' $((ms % 1000)))"
+  local ms secs
+  ms=$((($(date +%s%N) - t0) / 1000000)); secs="$((ms / 1000)).$(printf '%03d' $((ms % 1000)))"
   local version; version=$(curl_admin /admin/v2/brokers/version 2>/dev/null || echo "$PULSAR_VERSION")
   echo "$version" >"$run/version"
   log "Apache Pulsar $version ready in ${secs}s: pulsar://127.0.0.1:$PULSAR_BROKER_PORT $web (instance $PULSAR_INSTANCE, pid $(cat "$run/pulsar.pid"), dedup=$PULSAR_DEDUP, maxMessageSize=$PULSAR_MAX_MESSAGE_SIZE, auth=$PULSAR_AUTH, authRefresh=${PULSAR_AUTH_REFRESH_SECONDS}s)"

@@ -1,0 +1,29 @@
+# The fast loop. The README's test command (e2e/test.sh) is still what CI runs: vet, gofmt, unit
+# and end-to-end tests against a real broker it starts, then every fuzz target.
+#
+#   make test    unit tests only, no broker (every package but e2e/; under a minute)
+#   make e2e     e2e/test.sh: everything, against a real Apache Pulsar broker
+#   make fuzz    every fuzz target for FUZZTIME (default 30s) each
+#   make lint    gofmt, go vet, staticcheck, shellcheck
+
+UNIT = $(shell go list ./... | grep -v /e2e/)
+FUZZTIME ?= 30s
+
+.PHONY: test e2e fuzz lint
+
+test:
+	go test $(UNIT)
+
+e2e:
+	e2e/test.sh
+
+fuzz:
+	FUZZTIME=$(FUZZTIME) e2e/fuzz.sh
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'); echo "gofmt would change the files above"; exit 1; }
+	go vet ./...
+	@command -v staticcheck >/dev/null || { echo "staticcheck: go install honnef.co/go/tools/cmd/staticcheck@v0.8.1"; exit 1; }
+	staticcheck ./...
+	@command -v shellcheck >/dev/null || { echo "shellcheck: apt-get install shellcheck"; exit 1; }
+	shellcheck $$(git ls-files '*.sh') .ci/run
