@@ -142,7 +142,8 @@ func (s *session) answerChallenge() error {
 	if err != nil {
 		return err
 	}
-	s.srv.m.countFrame(s.shard, toBroker, pulsarpb.BaseCommand_AUTH_RESPONSE, len(b))
-	_, err = s.broker.Write(b)
-	return err
+	// writeOut, not the side's Write: a frame being cut through to the broker (contract 8)
+	// must not be split by this one.
+	s.writeOut(toBroker, b, true)
+	return nil
 }

@@ -89,7 +89,8 @@ func TestCertificateClientConnectsAsTheProxyRoleForItsPrincipal(t *testing.T) {
 
 // Given a certificate client connected through the proxy role,
 // when the broker sends AUTH_CHALLENGE (its credential check) after the token file was rotated,
-// then the proxy answers with its current token and the client never sees the challenge.
+// then the proxy answers with its current token, the client never sees the challenge, and an
+// AUTH_RESPONSE the client sent of its own accord never reaches the broker.
 func TestBrokerChallengeOnAProxyRoleConnectionIsAnsweredByTheProxy(t *testing.T) {
 	p := startProxyRole(t)
 	c := p.dialWithCert(t, p.files.ClientCert, p.files.ClientKey)
@@ -101,6 +102,8 @@ func TestBrokerChallengeOnAProxyRoleConnectionIsAnsweredByTheProxy(t *testing.T)
 	if err := os.WriteFile(p.tokenFile, []byte("proxy-token-2"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	send(t, c, frame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_AUTH_RESPONSE.Enum(),
+		AuthResponse: &pulsarpb.CommandAuthResponse{Response: &pulsarpb.AuthData{AuthMethodName: proto.String("tls"), AuthData: []byte("client-data")}}}))
 
 	send(t, broker, frame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_AUTH_CHALLENGE.Enum(),
 		AuthChallenge: &pulsarpb.CommandAuthChallenge{Challenge: &pulsarpb.AuthData{AuthMethodName: proto.String("token"), AuthData: []byte("refresh")}}}))

@@ -637,6 +637,9 @@ func (s *session) onFrame(d direction, f wire.Frame) (frameAction, error) {
 			if t != pulsarpb.BaseCommand_AUTH_RESPONSE {
 				return 0, fmt.Errorf("%w: %s from client before CONNECTED", ErrOutOfOrder, t)
 			}
+			if s.proxyRole {
+				return actDone, nil // the broker checks the proxy's credential, not the client's
+			}
 			return actForward, nil
 		}
 		if t == pulsarpb.BaseCommand_CONNECT || brokerOnly(t) {
@@ -646,6 +649,9 @@ func (s *session) onFrame(d direction, f wire.Frame) (frameAction, error) {
 		case pulsarpb.BaseCommand_LOOKUP, pulsarpb.BaseCommand_PARTITIONED_METADATA:
 			return s.onLookupRequest(f)
 		case pulsarpb.BaseCommand_AUTH_RESPONSE:
+			if s.proxyRole {
+				return actDone, nil // the broker checks the proxy's credential, not the client's
+			}
 			s.noteAuthResponse(f)
 		case pulsarpb.BaseCommand_SUBSCRIBE:
 			s.noteSubscribe(f)

@@ -85,9 +85,10 @@ func (p *Producer) Promote(id uint64, f wire.Frame, tag uint64, out *Output) err
 	}
 	l := p.lanes[0]
 	hi := max(s.SequenceID, s.HighestSequenceID)
-	l.push(inflight{lo: s.SequenceID, hi: hi, one: sendRef{p, id, true}, tag: tag})
-	p.pushed(l, s.SequenceID, hi)
+	start := len(out.Broker)
 	out.Broker = append(out.Broker, f.Bytes()...)
+	p.emitted(l, inflight{lo: s.SequenceID, hi: hi, one: sendRef{p, id, true}, tag: tag}, false, out, start)
+	p.pushed(l, s.SequenceID, hi)
 	p.stats.EntriesVerbatim++
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rebatchproxy/rebatchproxy/route"
 	"github.com/rebatchproxy/rebatchproxy/wire"
@@ -271,5 +272,57 @@ func receiptFor(t *testing.T, p *Producer, seq, ledger, entry uint64) {
 	}
 	if err := p.Receipt(wire.SendReceipt{ProducerID: pid, SequenceID: seq, HasMessageID: true, LedgerID: ledger, EntryID: entry}, &out); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Given an engine with its entry of ids 19..20 in flight and a send numbered 5 held behind it,
+// when a send numbered 21 is made into an entry before the broker's receipt arrives,
+// then nothing reaches the broker until the receipt for 19..20, which releases 5 and then 21, in
+// the client's order: with de-duplication off the broker stores all three, in that order.
+func TestFramesAfterAHeldSendWaitBehindIt(t *testing.T) {
+	p := newEngine(t, Policy{Kind: Coalesce}, -1)
+	var out Output
+	send(t, p, clientBatch(t, []msg{{payload: "a", seq: 19}, {payload: "b", seq: 20}}, pulsarpb.CompressionType_NONE, nil), &out)
+	send(t, p, clientBatch(t, []msg{{payload: "c", seq: 5}}, pulsarpb.CompressionType_NONE, nil), &out)
+	out.Broker = out.Broker[:0]
+	send(t, p, clientBatch(t, []msg{{payload: "d", seq: 21}}, pulsarpb.CompressionType_NONE, nil), &out)
+	if err := p.Tick(t0.Add(time.Hour), &out); err != nil { // past max delay: 21's batch is sent
+		t.Fatal(err)
+	}
+	if len(out.Broker) != 0 {
+		t.Fatalf("%d bytes reached the broker ahead of the held send", len(out.Broker))
+	}
+
+	var rout Output
+	if err := p.Receipt(wire.SendReceipt{ProducerID: pid, SequenceID: 19, HighestSequenceID: 20, HasMessageID: true, LedgerID: 3, EntryID: 1}, &rout); err != nil {
+		t.Fatal(err)
+	}
+
+	var got []string
+	for _, e := range decodeEntries(t, rout.Broker) {
+		got = append(got, fmt.Sprintf("%d:%s", e.send.SequenceID, strings.Join(e.bodies, "")))
+	}
+	if want := "[5:c 21:d]"; fmt.Sprint(got) != want {
+		t.Fatalf("after the receipt the broker got %v, want %s", got, want)
+	}
+}
+
+// Given an engine with its entry of ids 19..20 in flight and a send numbered 5 held behind it,
+// when the client's producer is flushed before its CLOSE_PRODUCER goes on (CloseLanes),
+// then the held send is written now, ahead of the close, as on a direct connection.
+func TestAHeldSendGoesBeforeTheProducersClose(t *testing.T) {
+	p := newEngine(t, Policy{Kind: Coalesce}, -1)
+	var out Output
+	send(t, p, clientBatch(t, []msg{{payload: "a", seq: 19}, {payload: "b", seq: 20}}, pulsarpb.CompressionType_NONE, nil), &out)
+	late := clientBatch(t, []msg{{payload: "c", seq: 5}}, pulsarpb.CompressionType_NONE, nil)
+	send(t, p, late, &out)
+	out.Broker = out.Broker[:0]
+
+	if _, err := p.CloseLanes(func() uint64 { return 1 }, true, &out); err != nil {
+		t.Fatal(err)
+	}
+
+	if fs := frames(t, out.Broker); len(fs) != 1 || !bytes.Equal(fs[0].Bytes(), late) {
+		t.Fatalf("%d frames written on close, want the held send", len(fs))
 	}
 }

@@ -1,6 +1,7 @@
 package rebatch
 
 import (
+	"bytes"
 	"time"
 
 	"github.com/rebatchproxy/rebatchproxy/wire"
@@ -28,11 +29,29 @@ import (
 // dupLedger is the ledger id of the broker's receipt for a duplicate (-1:-1).
 const dupLedger = ^uint64(0)
 
-// heldVerbatim is an out-of-order client send waiting for its lane (see above).
-type heldVerbatim struct {
-	id    uint64 // the client send
-	send  wire.Send
-	frame []byte // the SEND frame, addressed to the lane
+// heldFrame is a frame for a lane that must not reach the broker yet: an out-of-order send
+// waiting until the broker can judge it (check), or any frame the engine made for the lane after
+// one, which waits behind it so the broker gets the lane's frames in the order they were made
+// (with de-duplication off the broker stores them all, and per-producer order must hold).
+type heldFrame struct {
+	e     inflight
+	frame []byte
+	check bool
+}
+
+// emitted is called right after a frame for lane l, in flight as e, was appended to
+// out.Broker from offset start. It goes on as written, or, when the lane holds frames or check
+// says the broker cannot judge it yet, it is taken back and held (releaseWaiting sends it).
+func (p *Producer) emitted(l *lane, e inflight, check bool, out *Output, start int) {
+	if len(l.waiting) == 0 && !check {
+		l.push(e)
+		return
+	}
+	if check {
+		p.stats.SendsHeldForMark++
+	}
+	l.waiting = append(l.waiting, heldFrame{e: e, frame: bytes.Clone(out.Broker[start:]), check: check})
+	out.Broker = out.Broker[:start]
 }
 
 // outOfOrder forwards an out-of-order send on the lane with the highest mark, at once when the
@@ -43,15 +62,9 @@ func (p *Producer) outOfOrder(now time.Time, f wire.Frame, s *wire.Send, out *Ou
 	}
 	l := p.highestLane()
 	id := p.queueVerbatim(now, s)
-	if len(l.waiting) == 0 && !l.undecidable(s.SequenceID) {
-		out.Broker = appendOnLane(out.Broker, f, s, l)
-		p.sentVerbatim(l, id, s)
-		return nil
-	}
-	p.stats.SendsHeldForMark++
-	h := heldVerbatim{id: id, send: *s, frame: appendOnLane(nil, f, s, l)}
-	h.send.ProducerID = l.producerID
-	l.waiting = append(l.waiting, h)
+	start := len(out.Broker)
+	out.Broker = appendOnLane(out.Broker, f, s, l)
+	p.sentVerbatim(l, id, s, l.undecidable(s.SequenceID), out, start)
 	return nil
 }
 
@@ -62,17 +75,23 @@ func (l *lane) undecidable(seq uint64) bool {
 	return len(l.entries) > 0 && int64(seq) > l.persisted && int64(seq) <= l.lastPushed
 }
 
-// releaseWaiting writes the lane's held out-of-order sends that the broker can now judge, in
-// the order they came; all of them when force is set (the lane reported an error).
+// releaseWaiting writes the lane's held frames that may go now, in the order they were made:
+// up to the first out-of-order send the broker cannot judge yet, or all of them when force is
+// set (the lane reported an error, or the client's producer is being flushed before it
+// closes). A dead engine's held frames are dropped: its client resends.
 func (p *Producer) releaseWaiting(l *lane, force bool, out *Output) {
+	if p.dead {
+		l.waiting = nil
+		return
+	}
 	n := 0
 	for ; n < len(l.waiting); n++ {
 		h := &l.waiting[n]
-		if !force && l.undecidable(h.send.SequenceID) {
+		if h.check && !force && l.undecidable(h.e.lo) {
 			break
 		}
 		out.Broker = append(out.Broker, h.frame...)
-		p.sentVerbatim(l, h.id, &h.send)
+		l.push(h.e)
 	}
 	if n > 0 {
 		l.waiting = append(l.waiting[:0], l.waiting[n:]...)

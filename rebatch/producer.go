@@ -195,8 +195,8 @@ type lane struct {
 	// receipts tell (MessageDeduplication's highestSequencedPersisted). Between it and
 	// lastPushed the broker "cannot determine" whether a send is a duplicate.
 	persisted int64
-	// waiting: out-of-order sends held until the broker can judge them (see outOfOrder).
-	waiting   []heldVerbatim
+	// waiting: frames held until the broker can judge an out-of-order send (outoforder.go).
+	waiting   []heldFrame
 	requestID uint64 // outstanding PRODUCER request (bucket and shared lanes)
 	ready     bool
 	// shared: a lane several client producers write through (coalesce with merge_producers):
@@ -408,6 +408,9 @@ func (p *Producer) Flush(out *Output) error {
 				return err
 			}
 		}
+		// What the lane holds goes too, ahead of whatever the caller writes next (the client's
+		// CLOSE_PRODUCER), as on a direct connection.
+		p.releaseWaiting(p.lanes[i], true, out)
 	}
 	return nil
 }
@@ -875,6 +878,7 @@ func (p *Producer) flush(l *lane, out *Output) error {
 	}
 	md.UncompressedSize = proto.Uint32(uint32(len(o.buf)))
 	send := wire.Send{ProducerID: l.producerID, SequenceID: o.lo, NumMessages: int32(o.n), HighestSequenceID: o.hi}
+	start := len(out.Broker)
 	var err error
 	out.Broker, err = wire.AppendSendFrameMetadata(out.Broker, &send, md, payload)
 	if err != nil {
@@ -892,7 +896,7 @@ func (p *Producer) flush(l *lane, out *Output) error {
 		cs.parts++
 		cs.unflushed -= sc.n
 	}
-	l.push(e)
+	p.emitted(l, e, false, out, start)
 	if l.shared {
 		l.lastPushed = max(l.lastPushed, int64(o.hi))
 	} else {
@@ -933,8 +937,9 @@ func (p *Producer) verbatimOn(now time.Time, f wire.Frame, s *wire.Send, l *lane
 		l = p.highestLane()
 	}
 	id := p.queueVerbatim(now, s)
+	start := len(out.Broker)
 	out.Broker = appendOnLane(out.Broker, f, s, l)
-	p.sentVerbatim(l, id, s)
+	p.sentVerbatim(l, id, s, false, out, start)
 	return nil
 }
 
@@ -957,10 +962,11 @@ func appendOnLane(dst []byte, f wire.Frame, s *wire.Send, l *lane) []byte {
 	return wire.AppendSendFrame(dst, &moved, f.Metadata(), f.Payload())
 }
 
-// sentVerbatim records client send id, just written to l as the client built it, as in flight.
-func (p *Producer) sentVerbatim(l *lane, id uint64, s *wire.Send) {
+// sentVerbatim records client send id, just appended to out.Broker from start for l as the
+// client built it, as in flight (or held: emitted).
+func (p *Producer) sentVerbatim(l *lane, id uint64, s *wire.Send, check bool, out *Output, start int) {
 	hi := max(s.SequenceID, s.HighestSequenceID)
-	l.push(inflight{lo: s.SequenceID, hi: hi, one: sendRef{p, id, true}})
+	p.emitted(l, inflight{lo: s.SequenceID, hi: hi, one: sendRef{p, id, true}}, check, out, start)
 	p.pushed(l, s.SequenceID, hi)
 	p.stats.EntriesVerbatim++
 	if p.cfg.OnEntry != nil {
@@ -1038,9 +1044,13 @@ func (p *Producer) Receipt(r wire.SendReceipt, out *Output) error {
 		}
 	}
 	releaseAll(refs, out)
-	if r.HasMessageID && r.LedgerID != dupLedger {
+	switch {
+	case r.HasMessageID && r.LedgerID != dupLedger:
 		// Stored: the broker's persisted mark is now at least this entry's highest id.
 		l.persisted = max(l.persisted, int64(max(e.hi, r.SequenceID, r.HighestSequenceID)))
+	case r.HasMessageID:
+		// A duplicate: the broker said so only because its persisted mark reached the first id.
+		l.persisted = max(l.persisted, int64(e.lo))
 	}
 	p.releaseWaiting(l, false, out)
 	p.flushIdle(l, out)
