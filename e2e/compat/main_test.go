@@ -52,46 +52,60 @@ const (
 
 // splice returns readme with the text between the markers replaced by matrix.
 func splice(readme, matrix string) (string, bool) {
-	i := strings.Index(readme, readmeBegin)
-	j := strings.Index(readme, readmeEnd)
+	return spliceBetween(readme, matrix, readmeBegin, readmeEnd)
+}
+
+// spliceBetween returns readme with the text between begin and end replaced by matrix.
+func spliceBetween(readme, matrix, begin, end string) (string, bool) {
+	i := strings.Index(readme, begin)
+	j := strings.Index(readme, end)
 	if i < 0 || j < i {
 		return readme, false
 	}
-	return readme[:i+len(readmeBegin)] + "\n" + matrix + readme[j:], true
+	return readme[:i+len(begin)] + "\n" + matrix + readme[j:], true
 }
 
 // Given the README and the generated MATRIX.md,
 // when the README's compat-matrix section is compared with MATRIX.md,
 // then they are the same text (regenerate with -update-readme otherwise).
 func TestReadmeMatchesMatrix(t *testing.T) {
-	matrix, err := os.ReadFile(filepath.Join(packageDir(), "MATRIX.md"))
-	if err != nil {
-		t.Fatalf("no generated matrix: %v", err)
+	type generated struct{ file, begin, end string }
+	all := []generated{{filepath.Join(packageDir(), "MATRIX.md"), readmeBegin, readmeEnd}}
+	for _, v := range olderBrokers {
+		begin, end := olderMarkers(v)
+		all = append(all, generated{olderMatrixFile(v), begin, end})
 	}
 	readme, err := os.ReadFile(filepath.Join(harness.RepoRoot(), "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-
-	want, ok := splice(string(readme), string(matrix))
-
-	if !ok {
-		t.Fatalf("README.md has no %q ... %q markers", readmeBegin, readmeEnd)
-	}
-	if want != string(readme) {
-		wl, rl := strings.Split(want, "\n"), strings.Split(string(readme), "\n")
-		i := 0
-		for i < len(wl) && i < len(rl) && wl[i] == rl[i] {
-			i++
-		}
-		got, exp := "<end>", "<end>"
-		if i < len(rl) {
-			got = rl[i]
-		}
-		if i < len(wl) {
-			exp = wl[i]
-		}
-		t.Fatalf("README.md's compatibility matrix differs from e2e/compat/MATRIX.md (%s, %s) at README line %d:\n  README: %.200s\n  MATRIX: %.200s\nrun: go test ./e2e/compat -run TestMatrix -update-readme",
-			filepath.Join(harness.RepoRoot(), "README.md"), filepath.Join(packageDir(), "MATRIX.md"), i+1, got, exp)
+	for _, g := range all {
+		t.Run(filepath.Base(g.file), func(t *testing.T) {
+			matrix, err := os.ReadFile(g.file)
+			if err != nil {
+				t.Fatalf("no generated matrix: %v", err)
+			}
+			want, ok := spliceBetween(string(readme), string(matrix), g.begin, g.end)
+			if !ok {
+				t.Fatalf("README.md has no %q ... %q markers", g.begin, g.end)
+			}
+			if want == string(readme) {
+				return
+			}
+			wl, rl := strings.Split(want, "\n"), strings.Split(string(readme), "\n")
+			i := 0
+			for i < len(wl) && i < len(rl) && wl[i] == rl[i] {
+				i++
+			}
+			got, exp := "<end>", "<end>"
+			if i < len(rl) {
+				got = rl[i]
+			}
+			if i < len(wl) {
+				exp = wl[i]
+			}
+			t.Fatalf("README.md's compatibility matrix differs from %s at README line %d:\n  README: %.200s\n  MATRIX: %.200s\nrun: go test ./e2e/compat -run 'TestMatrix' -update-readme",
+				g.file, i+1, got, exp)
+		})
 	}
 }

@@ -459,15 +459,7 @@ func TestMatrix(t *testing.T) {
 // that uses the token broker and the redirected lookup at the same time, then the subscription
 // group, whose idle consumers are timing-sensitive.
 func runDriver(ctx context.Context, r *row, e *env) {
-	var wg sync.WaitGroup
-	for _, g := range []func(context.Context, *row, *env){produceConsume(0), produceConsume(3), schemaNack, tokenGroup, redirected, overTLS, certGroup} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			g(ctx, r, e)
-		}()
-	}
-	wg.Wait()
+	runGroups(ctx, r, e, produceConsume(0), produceConsume(3), schemaNack, tokenGroup, redirected, overTLS, certGroup)
 	subscriptions(ctx, r, e)
 }
 

@@ -70,6 +70,9 @@ type Options struct {
 	AuthRefreshSeconds int
 	// Instance names the broker's directory under .pulsar/run; empty picks a unique name.
 	Instance string
+	// Version is the Apache Pulsar server distribution to run (pulsar.sh's PULSAR_VERSION);
+	// empty is pulsar.sh's default (4.0.8).
+	Version string
 	// TLS, when set, adds a TLS binary port with this certificate and key (PEM files made at
 	// test time, e.g. by internal/testcert), trusting CA.
 	TLS *TLSFiles
@@ -186,6 +189,9 @@ func StartBroker(opts Options) (*Broker, error) {
 	)
 	if opts.MaxMessageSize > 0 {
 		env = append(env, "PULSAR_MAX_MESSAGE_SIZE="+strconv.Itoa(opts.MaxMessageSize))
+	}
+	if opts.Version != "" {
+		env = append(env, "PULSAR_VERSION="+opts.Version)
 	}
 	if opts.AuthRefreshSeconds > 0 {
 		env = append(env, "PULSAR_AUTH_REFRESH_SECONDS="+strconv.Itoa(opts.AuthRefreshSeconds))

@@ -205,6 +205,11 @@ EOF
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# free_port prints a TCP port on 127.0.0.1 nobody listens on now.
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
 cmd_start() {
   need curl "install curl; readiness is probed over HTTP"
   local java; java=$(java_bin)
@@ -231,9 +236,15 @@ cmd_start() {
     export PULSAR_LOG_DIR="$run/logs"
     export PULSAR_LOG_ROOT_LEVEL=info PULSAR_LOG_LEVEL=info
     if [ -z "${JAVA_HOME:-}" ]; then JAVA_HOME=$(dirname "$(dirname "$(readlink -f "$java")")"); export JAVA_HOME; fi
+    # Pulsar 3 and later keep standalone metadata in a local store; 2.x runs ZooKeeper, on a
+    # port (and a bookie port) of its own, free ones picked here so instances do not collide.
+    local meta=(--metadata-dir "$run/data/metadata")
+    if [[ "$PULSAR_VERSION" == 2.* ]]; then
+      meta=(--zookeeper-dir "$run/data/zookeeper" --zookeeper-port "$(free_port)" --bookkeeper-port "$(free_port)")
+    fi
     # bin/pulsar execs java, so the pid of this process is the JVM's.
     exec setsid "$dist/bin/pulsar" standalone --no-functions-worker --no-stream-storage \
-      --metadata-dir "$run/data/metadata" --bookkeeper-dir "$run/data/bookkeeper" \
+      "${meta[@]}" --bookkeeper-dir "$run/data/bookkeeper" \
       >"$run/logs/standalone.out" 2>&1
   ) &
   echo $! >"$run/pulsar.pid"
