@@ -265,29 +265,9 @@ func interleave(all []*drivers.Driver) []*drivers.Driver {
 // when every driver runs the matrix's cells through the proxies,
 // then every cell a client supports passes, and the generated matrix is written.
 func TestMatrix(t *testing.T) {
-	all, err := drivers.All()
-	if err != nil {
-		t.Fatal(err)
-	}
-	full := *onlyDrivers == ""
-	if !full {
-		var sel []*drivers.Driver
-		for _, n := range strings.Split(*onlyDrivers, ",") {
-			d, err := drivers.ByName(strings.TrimSpace(n))
-			if err != nil {
-				t.Fatal(err)
-			}
-			sel = append(sel, d)
-		}
-		all = sel
-	}
+	all, full := selectedDrivers(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	for _, d := range all {
-		if err := d.Prepare(ctx); err != nil {
-			t.Fatalf("%v (run e2e/drivers/setup.sh first)", err)
-		}
-	}
 	e := &env{b: harness.Default(t), tokReady: make(chan struct{}), rdReady: make(chan struct{}), certReady: make(chan struct{})}
 	certs, err := testcert.Write(t.TempDir())
 	if err != nil {
@@ -394,39 +374,7 @@ func TestMatrix(t *testing.T) {
 		}
 	}()
 
-	m := &matrix{cells: map[string]map[string]cell{}, badToken: map[string]refusal{}}
-	for _, d := range all {
-		m.cells[d.Name] = map[string]cell{}
-	}
-	start := time.Now()
-	sem := make(chan struct{}, max(1, *parallel))
-	var wg sync.WaitGroup
-	for _, d := range interleave(all) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			t.Run(d.Name, func(t *testing.T) {
-				r := &row{t: t, d: d, m: m}
-				dctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-				defer cancel()
-				t0 := time.Now()
-				runDriver(dctx, r, e)
-				for _, c := range columns {
-					m.mu.Lock()
-					st := m.cells[d.Name][c.id].st
-					m.mu.Unlock()
-					if st == unset {
-						r.fail(c.id, "no result recorded")
-					}
-				}
-				t.Logf("%s: %v", d.Name, time.Since(t0).Round(time.Millisecond))
-			})
-		}()
-	}
-	wg.Wait()
-	t.Logf("all drivers: %v", time.Since(start).Round(time.Second))
+	m := runRows(ctx, t, all, columns, func(ctx context.Context, r *row) { runDriver(ctx, r, e) })
 
 	text := render(m, all, e.b.Version)
 	if !full {
@@ -453,6 +401,73 @@ func TestMatrix(t *testing.T) {
 		}
 		t.Logf("updated %s", rp)
 	}
+}
+
+// selectedDrivers returns the drivers to run (all, or -drivers) prepared, and whether that is
+// all of them.
+func selectedDrivers(t *testing.T) ([]*drivers.Driver, bool) {
+	all, err := drivers.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := *onlyDrivers == ""
+	if !full {
+		all = nil
+		for _, n := range strings.Split(*onlyDrivers, ",") {
+			d, err := drivers.ByName(strings.TrimSpace(n))
+			if err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, d)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	for _, d := range all {
+		if err := d.Prepare(ctx); err != nil {
+			t.Fatalf("%v (run e2e/drivers/setup.sh first)", err)
+		}
+	}
+	return all, full
+}
+
+// runRows runs every driver's row (run fills its cells), -compat.parallel at a time, each as
+// a subtest bounded by 5 minutes, and fails the cells of cols a row left without a result.
+func runRows(ctx context.Context, t *testing.T, all []*drivers.Driver, cols []column, run func(context.Context, *row)) *matrix {
+	m := &matrix{cells: map[string]map[string]cell{}, badToken: map[string]refusal{}}
+	for _, d := range all {
+		m.cells[d.Name] = map[string]cell{}
+	}
+	start := time.Now()
+	sem := make(chan struct{}, max(1, *parallel))
+	var wg sync.WaitGroup
+	for _, d := range interleave(all) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			t.Run(d.Name, func(t *testing.T) {
+				r := &row{t: t, d: d, m: m}
+				dctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+				defer cancel()
+				t0 := time.Now()
+				run(dctx, r)
+				for _, c := range cols {
+					m.mu.Lock()
+					st := m.cells[d.Name][c.id].st
+					m.mu.Unlock()
+					if st == unset {
+						r.fail(c.id, "no result recorded")
+					}
+				}
+				t.Logf("%s: %v", d.Name, time.Since(t0).Round(time.Millisecond))
+			})
+		}()
+	}
+	wg.Wait()
+	t.Logf("all drivers: %v", time.Since(start).Round(time.Second))
+	return m
 }
 
 // runDriver runs one driver's groups of cells: the groups that use the default broker, the one

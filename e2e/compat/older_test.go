@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rebatchproxy/rebatchproxy/e2e/drivers"
 	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
 )
 
@@ -44,30 +43,11 @@ func olderMarkers(v string) (begin, end string) {
 // when every driver runs the default broker's cells through the proxy,
 // then every cell a client supports passes, and each version's matrix is written.
 func TestMatrixOnOlderBrokers(t *testing.T) {
-	all, err := drivers.All()
-	if err != nil {
-		t.Fatal(err)
-	}
-	full := *onlyDrivers == ""
-	if !full {
-		all = nil
-		for _, n := range strings.Split(*onlyDrivers, ",") {
-			d, err := drivers.ByName(strings.TrimSpace(n))
-			if err != nil {
-				t.Fatal(err)
-			}
-			all = append(all, d)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	for _, d := range all {
-		if err := d.Prepare(ctx); err != nil {
-			t.Fatalf("%v (run e2e/drivers/setup.sh first)", err)
-		}
-	}
+	all, full := selectedDrivers(t)
 	for _, v := range olderBrokers {
 		t.Run(v, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+			defer cancel()
 			b, err := harness.StartBroker(harness.Options{Version: v})
 			if err != nil {
 				t.Fatal(err)
@@ -86,36 +66,10 @@ func TestMatrixOnOlderBrokers(t *testing.T) {
 			}
 			defer stop()
 			e := &env{b: b, url: url}
-			m := &matrix{cells: map[string]map[string]cell{}, badToken: map[string]refusal{}}
-			for _, d := range all {
-				m.cells[d.Name] = map[string]cell{}
-			}
-			sem := make(chan struct{}, max(1, *parallel))
-			var wg sync.WaitGroup
-			for _, d := range interleave(all) {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					sem <- struct{}{}
-					defer func() { <-sem }()
-					t.Run(d.Name, func(t *testing.T) {
-						r := &row{t: t, d: d, m: m}
-						dctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-						defer cancel()
-						runGroups(dctx, r, e, produceConsume(0), produceConsume(3), schemaNack)
-						subscriptions(dctx, r, e)
-						for _, c := range olderColumns {
-							m.mu.Lock()
-							st := m.cells[d.Name][c.id].st
-							m.mu.Unlock()
-							if st == unset {
-								r.fail(c.id, "no result recorded")
-							}
-						}
-					})
-				}()
-			}
-			wg.Wait()
+			m := runRows(ctx, t, all, olderColumns, func(ctx context.Context, r *row) {
+				runGroups(ctx, r, e, produceConsume(0), produceConsume(3), schemaNack)
+				subscriptions(ctx, r, e)
+			})
 			if t.Failed() {
 				t.Logf("proxy log:\n%s", logs)
 			}
