@@ -300,6 +300,9 @@ func fail(err error) {
 		for _, p := range ps {
 			p.stop()
 		}
+		if tlsBroker != nil {
+			_ = tlsBroker.Stop()
+		}
 	}
 	os.Exit(1)
 }

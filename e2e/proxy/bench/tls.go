@@ -20,9 +20,11 @@ type benchCerts struct {
 
 // tlsFiles and brokerPlainURL (the broker's pulsar:// URL) are set in TLS mode (main's
 // goroutine, before any run).
+// tlsBroker is stopped by fail as well.
 var (
 	tlsFiles       *benchCerts
 	brokerPlainURL string
+	tlsBroker      *harness.Broker
 )
 
 // certFiles names the certificates testcert.Write made in dir.
@@ -45,5 +47,7 @@ func startTLSBroker() (*harness.Broker, error) {
 		return nil, err
 	}
 	tlsFiles = &benchCerts{Files: f, dir: dir}
-	return harness.StartBroker(harness.Options{TLS: &harness.TLSFiles{Cert: f.ServerCert, Key: f.ServerKey, CA: f.CA}})
+	b, err := harness.StartBroker(harness.Options{TLS: &harness.TLSFiles{Cert: f.ServerCert, Key: f.ServerKey, CA: f.CA}})
+	tlsBroker = b
+	return b, err
 }
