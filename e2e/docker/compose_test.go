@@ -45,12 +45,6 @@ type composeFile struct {
 	} `yaml:"services"`
 }
 
-// inE2E says whether this is the e2e run (e2e/test.sh exports PULSAR_SERVICE_URL for the
-// shared broker) or the test was asked for alone; a plain `go test ./...` unit loop skips it.
-func inE2E() bool {
-	return os.Getenv("PULSAR_SERVICE_URL") != "" || os.Getenv("REBATCH_DOCKER_TEST") == "1"
-}
-
 // Given a machine with no registry access (Docker installed and started by the test if needed),
 // when the images docker-compose.yml names are built locally and `docker-compose up` runs the
 // unchanged file,
@@ -60,9 +54,6 @@ func inE2E() bool {
 // SIGTERM drains the proxy and it exits 0 within the file's stop_grace_period with its log lines,
 // and `down` leaves no container, network or volume of the project. A second run builds nothing.
 func TestComposeUpRunsProxyInFrontOfPulsar(t *testing.T) {
-	if !inE2E() {
-		t.Skip("e2e/docker runs in the e2e suite (e2e/test.sh) or with REBATCH_DOCKER_TEST=1")
-	}
 	start := time.Now()
 	repo := harness.RepoRoot()
 	var cf composeFile
