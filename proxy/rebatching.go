@@ -812,20 +812,25 @@ const (
 	backlogLow  = 0.5
 )
 
+// heldBacklogHigh is the size of the frames an engine holds behind out-of-order sends
+// (rebatch.Producer.HeldBytes) at which its client is slowed too; it reads on below half of it.
+const heldBacklogHigh = 4 << 20
+
 // noteBacklog updates e's backlog state after an engine call. Sends queued behind held
-// duplicate chunks count too: they will be pending once released.
+// duplicate chunks count too: they will be pending once released; so do the bytes the engine
+// holds behind out-of-order sends.
 func (r *rebatchPath) noteBacklog(e *engine) {
-	n, max := e.p.Pending()+len(r.queued[e.id]), float64(e.p.MaxPending())
+	n, max, held := e.p.Pending()+len(r.queued[e.id]), float64(e.p.MaxPending()), e.p.HeldBytes()
 	switch {
-	case !e.backlogged && float64(n) >= backlogHigh*max:
+	case !e.backlogged && (float64(n) >= backlogHigh*max || held >= heldBacklogHigh):
 		e.backlogged = true
 		r.backlogged++
 		if r.m != nil {
 			r.m.backlogs.WithLabelValues(e.kind).Inc()
 		}
 		r.log.Info("producer backlog high; reading from the client paused until receipts catch up",
-			"topic", e.topic, "producer", e.name, "pending", n, "limit", e.p.MaxPending())
-	case e.backlogged && float64(n) < backlogLow*max:
+			"topic", e.topic, "producer", e.name, "pending", n, "limit", e.p.MaxPending(), "held_bytes", held)
+	case e.backlogged && float64(n) < backlogLow*max && held < heldBacklogHigh/2:
 		e.backlogged = false
 		r.backlogged--
 		r.log.Debug("producer backlog drained; reading from the client again", "topic", e.topic, "producer", e.name, "pending", n)

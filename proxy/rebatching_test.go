@@ -164,3 +164,48 @@ func TestBucketProducerClosedClosesTheClientsProducerOnly(t *testing.T) {
 		t.Fatalf("broker's own close of 7: %v %v, client got %v; want it swallowed (the client was told already)", v, err, c.client)
 	}
 }
+
+// Given a coalesce producer (client producer 1) whose entry numbered 100 is in flight,
+// when the client sends 40 sends of 120 KiB numbered 1 to 40 (below 100: the engine holds them
+// until the broker can judge them, 4.8 MiB in all), and then the broker acknowledges entry 100,
+// then the path reports a backlog while they are held (the proxy slows the client) and none once
+// the receipt has released them.
+func TestFramesHeldBehindOutOfOrderSendsSlowTheClient(t *testing.T) {
+	m, err := route.NewMatcher([]route.Rule[rebatch.Policy]{{Pattern: "a/b/*", Policy: rebatch.Policy{Kind: rebatch.Coalesce}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := RebatchPaths(NewPolicies(m), nil, NewChunkDedup(chunkdedup.Config{}), slog.New(slog.NewTextHandler(io.Discard, nil)))(ConnInfo{ID: 1, MaxMessageSize: 5 << 20})
+	c := &capture{}
+	out := captureOut{t, c}
+	if _, err := p.FromClient(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER.Enum(), Producer: &pulsarpb.CommandProducer{
+		Topic: proto.String("persistent://a/b/t"), ProducerId: proto.Uint64(1), RequestId: proto.Uint64(3)}}), out); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.FromBroker(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER_SUCCESS.Enum(), ProducerSuccess: &pulsarpb.CommandProducerSuccess{
+		RequestId: proto.Uint64(3), ProducerName: proto.String("p"), LastSequenceId: proto.Int64(-1)}}), out); err != nil {
+		t.Fatal(err)
+	}
+	send := func(seq uint64, size int) {
+		t.Helper()
+		b, err := wire.AppendSendFrameMetadata(nil, &wire.Send{ProducerID: 1, SequenceID: seq},
+			&pulsarpb.MessageMetadata{ProducerName: proto.String("p"), SequenceId: proto.Uint64(seq), PublishTime: proto.Uint64(1)}, make([]byte, size))
+		if _, err := p.FromClient(frameOf(t, b, err), out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(100, 10)
+	bl := p.(Backlogger)
+
+	for seq := uint64(1); seq <= 40; seq++ {
+		send(seq, 120<<10)
+	}
+	held := bl.Backlogged()
+	if _, err := p.FromBroker(receiptFrame(t, 100, 3, 0), out); err != nil {
+		t.Fatal(err)
+	}
+
+	if !held || bl.Backlogged() {
+		t.Fatalf("backlogged while held: %v, after the receipt: %v", held, bl.Backlogged())
+	}
+}

@@ -66,7 +66,9 @@
 //     judge itself), and one numbered at or below ids the engine already sent (application ids
 //     out of order, which a direct broker drops), so the broker judges it as it would directly;
 //     the latter waits until the broker has stored the entries ahead of it, so it is judged
-//     against a stored mark and not answered "cannot determine" (outoforder.go);
+//     against a stored mark and not answered "cannot determine"; frames made for that broker
+//     producer meanwhile wait behind it, and their bytes count in the producer's backlog
+//     (HeldBytes), so the proxy slows the client (outoforder.go);
 //   - puts the parts of a resend that lie at or below the mark in entries of their own, which
 //     the broker drops as duplicates, so the new messages after them are not dropped with them.
 //     Cuts depend on the send alone, so a resend is cut as its first attempt was; this is what

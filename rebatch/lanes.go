@@ -157,7 +157,7 @@ func (p *Producer) DiscardOpen() {
 			l.open.n = 0
 			l.open.buf = l.open.buf[:0]
 			l.open.sends = l.open.sends[:0]
-			l.waiting = nil // held frames are not written either: the client resends
+			p.dropWaiting(l) // held frames are not written either: the client resends
 		}
 	}
 }

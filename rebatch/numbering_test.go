@@ -289,8 +289,8 @@ func TestFramesAfterAHeldSendWaitBehindIt(t *testing.T) {
 	if err := p.Tick(t0.Add(time.Hour), &out); err != nil { // past max delay: 21's batch is sent
 		t.Fatal(err)
 	}
-	if len(out.Broker) != 0 {
-		t.Fatalf("%d bytes reached the broker ahead of the held send", len(out.Broker))
+	if len(out.Broker) != 0 || p.HeldBytes() == 0 {
+		t.Fatalf("%d bytes reached the broker ahead of the held send; %d held", len(out.Broker), p.HeldBytes())
 	}
 
 	var rout Output
@@ -302,8 +302,8 @@ func TestFramesAfterAHeldSendWaitBehindIt(t *testing.T) {
 	for _, e := range decodeEntries(t, rout.Broker) {
 		got = append(got, fmt.Sprintf("%d:%s", e.send.SequenceID, strings.Join(e.bodies, "")))
 	}
-	if want := "[5:c 21:d]"; fmt.Sprint(got) != want {
-		t.Fatalf("after the receipt the broker got %v, want %s", got, want)
+	if want := "[5:c 21:d]"; fmt.Sprint(got) != want || p.HeldBytes() != 0 {
+		t.Fatalf("after the receipt the broker got %v, want %s; %d bytes still held", got, want, p.HeldBytes())
 	}
 }
 

@@ -51,7 +51,21 @@ func (p *Producer) emitted(l *lane, e inflight, check bool, out *Output, start i
 		p.stats.SendsHeldForMark++
 	}
 	l.waiting = append(l.waiting, heldFrame{e: e, frame: bytes.Clone(out.Broker[start:]), check: check})
+	p.heldBytes += len(out.Broker) - start
 	out.Broker = out.Broker[:start]
+}
+
+// HeldBytes is how many bytes of frames the engine holds behind out-of-order sends; the proxy
+// counts them in the producer's backlog (rebatching.go noteBacklog), so a client whose frames
+// pile up there is slowed like one whose receipts are outstanding.
+func (p *Producer) HeldBytes() int { return p.heldBytes }
+
+// dropWaiting forgets the lane's held frames (their client resends them).
+func (p *Producer) dropWaiting(l *lane) {
+	for i := range l.waiting {
+		p.heldBytes -= len(l.waiting[i].frame)
+	}
+	l.waiting = nil
 }
 
 // outOfOrder forwards an out-of-order send on the lane with the highest mark, at once when the
@@ -81,7 +95,7 @@ func (l *lane) undecidable(seq uint64) bool {
 // closes). A dead engine's held frames are dropped: its client resends.
 func (p *Producer) releaseWaiting(l *lane, force bool, out *Output) {
 	if p.dead {
-		l.waiting = nil
+		p.dropWaiting(l)
 		return
 	}
 	n := 0
@@ -91,6 +105,7 @@ func (p *Producer) releaseWaiting(l *lane, force bool, out *Output) {
 			break
 		}
 		out.Broker = append(out.Broker, h.frame...)
+		p.heldBytes -= len(h.frame)
 		l.push(h.e)
 	}
 	if n > 0 {

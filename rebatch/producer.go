@@ -246,6 +246,8 @@ type Producer struct {
 	// new on its own broker producers (-1: none yet); a client send at or below it is out of
 	// order, not a resend.
 	ownMark int64
+	// heldBytes is the size of the frames the lanes hold (lane.waiting).
+	heldBytes int
 	// atomic: the send being taken apart numbers its batch as one sequence id (no per-message
 	// ids); mixedSeq: some of its messages have ids and some do not.
 	atomic, mixedSeq bool
