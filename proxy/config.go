@@ -220,19 +220,11 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// targetAddress is the host:port of a broker URL a client names in
-// proxy_to_broker_url: pulsar://, or pulsar+ssl:// as the proxy spells the
-// broker's plaintext address to TLS clients (setTLSURL).
-func targetAddress(u string) (string, error) {
-	if rest, ok := strings.CutPrefix(strings.TrimSpace(u), "pulsar+ssl://"); ok {
-		u = "pulsar://" + rest
-	}
-	return BrokerAddress(u)
-}
-
-// BrokerAddress turns a Pulsar service URL ("pulsar://host:port", or a
-// bare host:port) into host:port. The port defaults to 6650. TLS URLs are
-// refused: gnet has no TLS, so the proxy speaks plaintext to brokers.
+// BrokerAddress turns a Pulsar service URL ("pulsar://host:port", "pulsar+ssl://host:port", or
+// a bare host:port) into host:port; the port defaults to 6650 (6651 for pulsar+ssl://). The
+// scheme says nothing else to the proxy: whether brokers are dialled with TLS is
+// Config.BrokerTLS, and a client names a broker in proxy_to_broker_url by either spelling
+// (setTLSURL).
 func BrokerAddress(serviceURL string) (string, error) {
 	s := strings.TrimSpace(serviceURL)
 	if !strings.Contains(s, "://") {
@@ -242,15 +234,20 @@ func BrokerAddress(serviceURL string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if u.Scheme != "pulsar" {
-		return "", fmt.Errorf("scheme %q not supported (plaintext pulsar:// only)", u.Scheme)
+	defaultPort := "6650"
+	switch u.Scheme {
+	case "pulsar":
+	case "pulsar+ssl":
+		defaultPort = "6651"
+	default:
+		return "", fmt.Errorf("scheme %q not supported (pulsar:// or pulsar+ssl://)", u.Scheme)
 	}
 	host, port := u.Hostname(), u.Port()
 	if host == "" {
 		return "", fmt.Errorf("%q has no host", serviceURL)
 	}
 	if port == "" {
-		port = "6650"
+		port = defaultPort
 	}
 	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
 		return "", fmt.Errorf("%q: bad port", serviceURL)

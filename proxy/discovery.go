@@ -145,7 +145,7 @@ func throughProxy(r *pulsarpb.CommandLookupTopicResponse, tlsClient, tlsBrokers 
 
 // setTLSURL gives a TLS client's lookup answer the broker URL it will name in
 // proxy_to_broker_url: pulsar+ssl:// with the broker's plaintext address
-// (addr), which the proxy dials in plaintext (targetAddress maps it back).
+// (addr), which the proxy dials in plaintext (BrokerAddress maps it back).
 // Pulsar clients with TLS on take brokerServiceUrlTls from an answer; a
 // broker without TLS gives none, and a broker's own TLS port is not what
 // the proxy dials.

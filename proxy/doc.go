@@ -164,7 +164,7 @@
 // the gnet transport. A TLS client's lookup answers carry brokerServiceUrlTls
 // = pulsar+ssl://<the broker's plaintext address> (setTLSURL): TLS clients
 // name that URL in proxy_to_broker_url, and the proxy dials the plaintext
-// address (targetAddress), so the allow-list treats both spellings alike.
+// address (BrokerAddress), so the allow-list treats both spellings alike.
 // Handshakes are bounded by HandshakeTimeout; a failed one closes the
 // connection with a rate-limited log line naming the reason.
 // With TLS to brokers (Config.BrokerTLS, broker_tls.go), every session's

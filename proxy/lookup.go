@@ -246,7 +246,7 @@ func addrOf(u string) string {
 	if u == "" {
 		return ""
 	}
-	a, err := targetAddress(u)
+	a, err := BrokerAddress(u)
 	if err != nil {
 		return ""
 	}
@@ -312,7 +312,7 @@ func (fl *follow) run() followOutcome {
 				redirect.GetBrokerServiceUrl(), redirect.GetBrokerServiceUrlTls())
 			return out
 		}
-		addr, err := targetAddress(out.target)
+		addr, err := BrokerAddress(out.target)
 		if err != nil {
 			out.err = fmt.Errorf("redirect target %q: %v", out.target, err)
 			return out

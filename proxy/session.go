@@ -836,7 +836,7 @@ func (s *session) onConnect(f wire.Frame) (frameAction, error) {
 	var targets []string
 	u := c.GetProxyToBrokerUrl()
 	if u != "" {
-		addr, err := targetAddress(u)
+		addr, err := BrokerAddress(u)
 		if err != nil || !s.srv.known.allowed(addr) {
 			s.refuse(pulsarpb.ServerError_ServiceNotReady, "Target broker cannot be validated.")
 			return actStop, fmt.Errorf("%w: proxy_to_broker_url %q", ErrTargetRefused, u)

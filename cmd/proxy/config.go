@@ -277,12 +277,10 @@ func (o *options) proxyConfig() (proxy.Config, error) {
 	c.Listen = o.listen
 	tlsURLs := 0
 	for _, u := range o.brokerURLs {
-		plain := u
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(u), "pulsar+ssl://"); ok {
-			plain = "pulsar://" + rest
+		if strings.HasPrefix(strings.TrimSpace(u), "pulsar+ssl://") {
 			tlsURLs++
 		}
-		a, err := proxy.BrokerAddress(plain)
+		a, err := proxy.BrokerAddress(u)
 		if err != nil {
 			return c, fmt.Errorf("broker-url: %q: %v", u, err)
 		}

@@ -185,7 +185,7 @@ func startCertBroker(e *env) (func(), error) {
 			return nil, fmt.Errorf("broker C: granting %s: %w", role, err)
 		}
 	}
-	addr, err := proxy.BrokerAddress("pulsar://" + strings.TrimPrefix(c.ServiceURLTLS, "pulsar+ssl://"))
+	addr, err := proxy.BrokerAddress(c.ServiceURLTLS)
 	if err != nil {
 		return nil, err
 	}
@@ -209,7 +209,7 @@ func startTLSProxy(b *harness.Broker, certs testcert.Files) (string, func(), err
 	if b.ServiceURLTLS == "" {
 		return "", nil, fmt.Errorf("broker B has no TLS port")
 	}
-	addr, err := proxy.BrokerAddress("pulsar://" + strings.TrimPrefix(b.ServiceURLTLS, "pulsar+ssl://"))
+	addr, err := proxy.BrokerAddress(b.ServiceURLTLS)
 	if err != nil {
 		return "", nil, err
 	}

@@ -30,7 +30,7 @@ func TestBrokerTLSThroughTheProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = b.Stop() })
-	tlsAddr, err := proxy.BrokerAddress("pulsar://" + b.ServiceURLTLS[len("pulsar+ssl://"):])
+	tlsAddr, err := proxy.BrokerAddress(b.ServiceURLTLS)
 	if err != nil {
 		t.Fatalf("broker TLS URL %q: %v", b.ServiceURLTLS, err)
 	}

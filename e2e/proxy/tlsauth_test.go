@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -39,7 +38,7 @@ func TestTLSClientCertificatesThroughTheProxyRole(t *testing.T) {
 			t.Fatalf("granting %s: %v", role, err)
 		}
 	}
-	tlsAddr, err := proxy.BrokerAddress("pulsar://" + strings.TrimPrefix(b.ServiceURLTLS, "pulsar+ssl://"))
+	tlsAddr, err := proxy.BrokerAddress(b.ServiceURLTLS)
 	if err != nil {
 		t.Fatal(err)
 	}

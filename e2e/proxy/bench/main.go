@@ -96,8 +96,7 @@ func main() {
 		*brokerURL, *brokerWeb = b.ServiceURLTLS, b.AdminURL
 	}
 
-	// The broker's host:port, plaintext or TLS (the proxies are told which).
-	addr, err := proxy.BrokerAddress("pulsar://" + strings.TrimPrefix(strings.TrimPrefix(*brokerURL, "pulsar+ssl://"), "pulsar://"))
+	addr, err := proxy.BrokerAddress(*brokerURL) // plaintext or TLS: the proxies are told which
 	if err != nil {
 		fail(err)
 	}
