@@ -10,7 +10,6 @@ import (
 	"github.com/apache/pulsar-client-go/pulsar"
 
 	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
-	"github.com/rebatchproxy/rebatchproxy/internal/testcert"
 	"github.com/rebatchproxy/rebatchproxy/proxy"
 )
 
@@ -21,19 +20,7 @@ import (
 // then all come back in order on both, the proxy's broker connections went to the broker's TLS
 // port (its lookup answers name it), and no TLS handshake failed.
 func TestBrokerTLSThroughTheProxy(t *testing.T) {
-	files, err := testcert.Write(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := harness.StartBroker(harness.Options{TLS: &harness.TLSFiles{Cert: files.ServerCert, Key: files.ServerKey, CA: files.CA}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Stop() })
-	tlsAddr, err := proxy.BrokerAddress(b.ServiceURLTLS)
-	if err != nil {
-		t.Fatalf("broker TLS URL %q: %v", b.ServiceURLTLS, err)
-	}
+	files, b, tlsAddr := startTLSBroker(t, harness.Options{})
 	logs := &harness.LogBuffer{}
 	px, err := harness.StartProxy(b.ServiceURL, func(c *proxy.Config) {
 		c.Brokers = []string{tlsAddr}

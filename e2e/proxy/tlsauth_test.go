@@ -10,7 +10,6 @@ import (
 	"github.com/apache/pulsar-client-go/pulsar"
 
 	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
-	"github.com/rebatchproxy/rebatchproxy/internal/testcert"
 	"github.com/rebatchproxy/rebatchproxy/proxy"
 )
 
@@ -24,23 +23,11 @@ import (
 // authorization both ways (through the proxy the broker judged the original principal, not the
 // proxy's role), and the untrusted certificate is refused both ways.
 func TestTLSClientCertificatesThroughTheProxyRole(t *testing.T) {
-	files, err := testcert.Write(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := harness.StartBroker(harness.Options{TLS: &harness.TLSFiles{Cert: files.ServerCert, Key: files.ServerKey, CA: files.CA}, TLSAuth: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Stop() })
+	files, b, tlsAddr := startTLSBroker(t, harness.Options{TLSAuth: true})
 	for _, role := range []string{"proxy", "client"} {
 		if err := b.GrantNamespacePermission(ctxT(t, 30*time.Second), "public/default", role, "produce", "consume"); err != nil {
 			t.Fatalf("granting %s: %v", role, err)
 		}
-	}
-	tlsAddr, err := proxy.BrokerAddress(b.ServiceURLTLS)
-	if err != nil {
-		t.Fatal(err)
 	}
 	logs := &harness.LogBuffer{}
 	px, err := harness.StartProxy(b.ServiceURL, func(c *proxy.Config) {
