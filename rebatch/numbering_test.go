@@ -191,18 +191,11 @@ func TestSendBelowWhatTheBrokerStoredGoesToTheBroker(t *testing.T) {
 // then the send numbered 5, held until now, is forwarded as the client built it, so the broker
 // judges it against a stored mark, as it would have directly.
 func TestSendBelowAnEntryInFlightWaitsForItsReceipt(t *testing.T) {
-	p := newEngine(t, Policy{Kind: Coalesce}, -1)
-	var out Output
-	send(t, p, clientBatch(t, []msg{{payload: "a", seq: 19}, {payload: "b", seq: 20}}, pulsarpb.CompressionType_NONE, nil), &out)
-	late := clientBatch(t, []msg{{payload: "c", seq: 5}}, pulsarpb.CompressionType_NONE, nil)
-	send(t, p, late, &out)
+	p, late, out := engineWithHeldSend(t)
 	if fs := frames(t, out.Broker); len(fs) != 1 || p.Stats().SendsHeldForMark != 1 {
 		t.Fatalf("%d frames before the receipt, stats %+v", len(fs), p.Stats())
 	}
-	var rout Output
-	if err := p.Receipt(wire.SendReceipt{ProducerID: pid, SequenceID: 19, HighestSequenceID: 20, HasMessageID: true, LedgerID: 3, EntryID: 1}, &rout); err != nil {
-		t.Fatal(err)
-	}
+	rout := receiptFor19(t, p)
 	fs := frames(t, rout.Broker)
 	if len(fs) != 1 || !bytes.Equal(fs[0].Bytes(), late) {
 		t.Fatalf("%d frames after the receipt", len(fs))
@@ -280,23 +273,17 @@ func receiptFor(t *testing.T, p *Producer, seq, ledger, entry uint64) {
 // then nothing reaches the broker until the receipt for 19..20, which releases 5 and then 21, in
 // the client's order: with de-duplication off the broker stores all three, in that order.
 func TestFramesAfterAHeldSendWaitBehindIt(t *testing.T) {
-	p := newEngine(t, Policy{Kind: Coalesce}, -1)
-	var out Output
-	send(t, p, clientBatch(t, []msg{{payload: "a", seq: 19}, {payload: "b", seq: 20}}, pulsarpb.CompressionType_NONE, nil), &out)
-	send(t, p, clientBatch(t, []msg{{payload: "c", seq: 5}}, pulsarpb.CompressionType_NONE, nil), &out)
+	p, _, out := engineWithHeldSend(t)
 	out.Broker = out.Broker[:0]
-	send(t, p, clientBatch(t, []msg{{payload: "d", seq: 21}}, pulsarpb.CompressionType_NONE, nil), &out)
-	if err := p.Tick(t0.Add(time.Hour), &out); err != nil { // past max delay: 21's batch is sent
+	send(t, p, clientBatch(t, []msg{{payload: "d", seq: 21}}, pulsarpb.CompressionType_NONE, nil), out)
+	if err := p.Tick(t0.Add(time.Hour), out); err != nil { // past max delay: 21's batch is sent
 		t.Fatal(err)
 	}
 	if len(out.Broker) != 0 || p.HeldBytes() == 0 {
 		t.Fatalf("%d bytes reached the broker ahead of the held send; %d held", len(out.Broker), p.HeldBytes())
 	}
 
-	var rout Output
-	if err := p.Receipt(wire.SendReceipt{ProducerID: pid, SequenceID: 19, HighestSequenceID: 20, HasMessageID: true, LedgerID: 3, EntryID: 1}, &rout); err != nil {
-		t.Fatal(err)
-	}
+	rout := receiptFor19(t, p)
 
 	var got []string
 	for _, e := range decodeEntries(t, rout.Broker) {
@@ -311,18 +298,36 @@ func TestFramesAfterAHeldSendWaitBehindIt(t *testing.T) {
 // when the client's producer is flushed before its CLOSE_PRODUCER goes on (CloseLanes),
 // then the held send is written now, ahead of the close, as on a direct connection.
 func TestAHeldSendGoesBeforeTheProducersClose(t *testing.T) {
-	p := newEngine(t, Policy{Kind: Coalesce}, -1)
-	var out Output
-	send(t, p, clientBatch(t, []msg{{payload: "a", seq: 19}, {payload: "b", seq: 20}}, pulsarpb.CompressionType_NONE, nil), &out)
-	late := clientBatch(t, []msg{{payload: "c", seq: 5}}, pulsarpb.CompressionType_NONE, nil)
-	send(t, p, late, &out)
+	p, late, out := engineWithHeldSend(t)
 	out.Broker = out.Broker[:0]
 
-	if _, err := p.CloseLanes(func() uint64 { return 1 }, true, &out); err != nil {
+	if _, err := p.CloseLanes(func() uint64 { return 1 }, true, out); err != nil {
 		t.Fatal(err)
 	}
 
 	if fs := frames(t, out.Broker); len(fs) != 1 || !bytes.Equal(fs[0].Bytes(), late) {
 		t.Fatalf("%d frames written on close, want the held send", len(fs))
 	}
+}
+
+// engineWithHeldSend returns a coalesce engine that has sent the entry 19..20 (in flight) and
+// holds the send numbered 5 behind it, that send's frame, and the engine's output so far.
+func engineWithHeldSend(t *testing.T) (*Producer, []byte, *Output) {
+	t.Helper()
+	p := newEngine(t, Policy{Kind: Coalesce}, -1)
+	out := &Output{}
+	send(t, p, clientBatch(t, []msg{{payload: "a", seq: 19}, {payload: "b", seq: 20}}, pulsarpb.CompressionType_NONE, nil), out)
+	late := clientBatch(t, []msg{{payload: "c", seq: 5}}, pulsarpb.CompressionType_NONE, nil)
+	send(t, p, late, out)
+	return p, late, out
+}
+
+// receiptFor19 has the broker acknowledge the entry 19..20 and returns the engine's output.
+func receiptFor19(t *testing.T, p *Producer) Output {
+	t.Helper()
+	var out Output
+	if err := p.Receipt(wire.SendReceipt{ProducerID: pid, SequenceID: 19, HighestSequenceID: 20, HasMessageID: true, LedgerID: 3, EntryID: 1}, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
