@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -141,12 +140,11 @@ func TestComposeUpRunsProxyInFrontOfPulsar(t *testing.T) {
 }
 
 func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := harness.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // composeEnv is the test's environment with the compose file's variables set to ours (and no
@@ -397,11 +395,7 @@ func waitReady(t *testing.T, url string, within time.Duration, c *composeRun) {
 	t.Fatalf("proxy container not ready at %s within %v: %s", url, within, last)
 }
 
-func quietLogger() plog.Logger {
-	l := logrus.New()
-	l.SetLevel(logrus.WarnLevel)
-	return plog.NewLoggerWithLogrus(l)
-}
+func quietLogger() plog.Logger { return harness.ClientLogger(logrus.WarnLevel) }
 
 func newClient(t *testing.T, url string) pulsar.Client {
 	c, err := pulsar.NewClient(pulsar.ClientOptions{URL: url, OperationTimeout: 30 * time.Second,

@@ -21,7 +21,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -169,11 +168,11 @@ func script() string { return filepath.Join(RepoRoot(), "e2e", "pulsar", "pulsar
 // StartBroker starts a private standalone broker on free loopback ports and waits until it is
 // ready. The caller must Stop it.
 func StartBroker(opts Options) (*Broker, error) {
-	brokerPort, err := freePort()
+	brokerPort, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
-	webPort, err := freePort()
+	webPort, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -197,7 +196,7 @@ func StartBroker(opts Options) (*Broker, error) {
 		env = append(env, "PULSAR_AUTH_REFRESH_SECONDS="+strconv.Itoa(opts.AuthRefreshSeconds))
 	}
 	if opts.TLS != nil {
-		tlsPort, err := freePort()
+		tlsPort, err := FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -306,15 +305,6 @@ func (b *Broker) tokenKey() ([]byte, error) {
 		return nil, fmt.Errorf("broker %s has no token secret key", b.AdminURL)
 	}
 	return os.ReadFile(b.TokenSecretFile)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("finding a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Attach returns a Broker for a running broker the caller did not start (Stop does nothing).

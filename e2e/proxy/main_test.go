@@ -36,11 +36,7 @@ func startProxy(t *testing.T, b *harness.Broker) (string, *harness.LogBuffer) {
 	return px.URL, logs
 }
 
-func quietLogger() plog.Logger {
-	l := logrus.New()
-	l.SetLevel(logrus.WarnLevel)
-	return plog.NewLoggerWithLogrus(l)
-}
+func quietLogger() plog.Logger { return harness.ClientLogger(logrus.WarnLevel) }
 
 func newClient(t *testing.T, url string, auth pulsar.Authentication) pulsar.Client {
 	t.Helper()

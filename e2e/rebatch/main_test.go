@@ -53,11 +53,7 @@ func startProxyServer(t *testing.T, b *harness.Broker, ns string, pol rebatch.Po
 	return px, metrics
 }
 
-func quietLogger() plog.Logger {
-	l := logrus.New()
-	l.SetLevel(logrus.ErrorLevel)
-	return plog.NewLoggerWithLogrus(l)
-}
+func quietLogger() plog.Logger { return harness.ClientLogger(logrus.ErrorLevel) }
 
 func newClient(t *testing.T, url string) pulsar.Client {
 	t.Helper()

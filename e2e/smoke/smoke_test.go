@@ -32,11 +32,7 @@ func props(i int) map[string]string {
 
 func payload(i int) string { return fmt.Sprintf("payload-%06d", i) }
 
-func quietLogger() log.Logger {
-	l := logrus.New()
-	l.SetLevel(logrus.WarnLevel)
-	return log.NewLoggerWithLogrus(l)
-}
+func quietLogger() log.Logger { return harness.ClientLogger(logrus.WarnLevel) }
 
 // entryKey names a stored entry by ledger:entry.
 type entryKey struct{ ledger, entry int64 }

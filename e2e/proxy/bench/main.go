@@ -38,6 +38,7 @@ import (
 	plog "github.com/apache/pulsar-client-go/pulsar/log"
 	"github.com/sirupsen/logrus"
 
+	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
 	"github.com/rebatchproxy/rebatchproxy/proxy"
 )
 
@@ -114,7 +115,7 @@ func main() {
 	if *java {
 		home := *pulsarHome
 		if home == "" {
-			home = filepath.Join(repoRoot(), ".pulsar", "dist", "apache-pulsar-4.0.8")
+			home = filepath.Join(harness.RepoRoot(), ".pulsar", "dist", "apache-pulsar-4.0.8")
 		}
 		jp, err := startJava(home, *brokerURL, *brokerWeb, addr)
 		if err != nil {
@@ -542,11 +543,11 @@ func startJava(home, brokerURL, brokerWeb, brokerAddr string) (*process, error) 
 	if err != nil {
 		return nil, err
 	}
-	servicePort, err := freePort()
+	servicePort, err := harness.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	webPort, err := freePort()
+	webPort, err := harness.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -572,7 +573,7 @@ brokerProxyAllowedTargetPorts=%s
 `, brokerURL, brokerWeb, servicePort, webPort, brokerPort)
 	tlsPort := servicePort
 	if tlsFiles != nil {
-		if tlsPort, err = freePort(); err != nil {
+		if tlsPort, err = harness.FreePort(); err != nil {
 			return nil, err
 		}
 		conf += fmt.Sprintf(`brokerServiceURL=%s
@@ -641,29 +642,4 @@ brokerWebServiceURLTLS=%s
 func lastLines(s string, n int) string {
 	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return strings.Join(l[max(0, len(l)-n):], "\n")
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// repoRoot is the directory holding go.mod, found upwards from the working directory.
-func repoRoot() string {
-	wd, err := os.Getwd()
-	if err != nil {
-		fail(err)
-	}
-	for dir := wd; ; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		if filepath.Dir(dir) == dir {
-			return wd
-		}
-	}
 }

@@ -286,11 +286,7 @@ func frameType(b []byte) (pulsarpb.BaseCommand_Type, bool) {
 	return f.Type(), true
 }
 
-func quietLogger() plog.Logger {
-	l := logrus.New()
-	l.SetLevel(logrus.ErrorLevel)
-	return plog.NewLoggerWithLogrus(l)
-}
+func quietLogger() plog.Logger { return harness.ClientLogger(logrus.ErrorLevel) }
 
 // activeProducers runs n producers (20 per client connection, over 50 topics) each sending 1 KB
 // messages synchronously (one in flight) for d, and checks every send was acknowledged. (Each
