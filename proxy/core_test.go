@@ -234,24 +234,28 @@ func TestCoreLookupAnswerComesBackThroughTheProxy(t *testing.T) {
 
 // Contract 2, no open relay.
 // Given a fresh connection,
-// when its CONNECT names a broker nobody announced in proxy_to_broker_url,
+// when its CONNECT names a broker nobody announced in proxy_to_broker_url (either scheme),
 // then nothing is dialled, the client gets ERROR(ServiceNotReady, "Target broker cannot be
 // validated.") and is closed.
 func TestCoreUnknownTargetIsRefusedWithoutDialling(t *testing.T) {
-	l := newCore(t, nil)
+	for _, target := range []string{"pulsar://elsewhere:6650", "pulsar+ssl://elsewhere:6651", "pulsar+ssl://elsewhere"} {
+		t.Run(target, func(t *testing.T) {
+			l := newCore(t, nil)
 
-	l.feed(l.client, frame(t, connectCmd("pulsar://elsewhere:6650")))
+			l.feed(l.client, frame(t, connectCmd(target)))
 
-	if l.targets != nil {
-		t.Errorf("dialled %v", l.targets)
-	}
-	got := decodeAll(t, l.client.take())
-	if len(got) != 1 || got[0].GetError().GetError() != pulsarpb.ServerError_ServiceNotReady ||
-		got[0].GetError().GetMessage() != "Target broker cannot be validated." {
-		t.Fatalf("client got %v", got)
-	}
-	if !l.client.gone || !errors.Is(l.s.reason, ErrTargetRefused) {
-		t.Errorf("client closed %v, reason %v", l.client.gone, l.s.reason)
+			if l.targets != nil {
+				t.Errorf("dialled %v", l.targets)
+			}
+			got := decodeAll(t, l.client.take())
+			if len(got) != 1 || got[0].GetError().GetError() != pulsarpb.ServerError_ServiceNotReady ||
+				got[0].GetError().GetMessage() != "Target broker cannot be validated." {
+				t.Fatalf("client got %v", got)
+			}
+			if !l.client.gone || !errors.Is(l.s.reason, ErrTargetRefused) {
+				t.Errorf("client closed %v, reason %v", l.client.gone, l.s.reason)
+			}
+		})
 	}
 }
 
