@@ -2,8 +2,6 @@ package rebatch
 
 import (
 	"bytes"
-
-	"github.com/rebatchproxy/rebatchproxy/route"
 )
 
 // Sequence ids. Broker de-duplication never reads the per-message sequence ids inside a batch:
@@ -66,7 +64,8 @@ type planned struct {
 	lane           int
 	piece          int  // span sends: index in Producer.pieces
 	start          bool // span sends: the first message of its piece
-	groupLo, group int  // the message's restricted-property group: Producer.arena[groupLo:group]
+	groupLo, group int  // the message's group (routing class, properties): Producer.arena[groupLo:group]
+	keyLo, keyHi   int  // buckets: its routing key, Producer.arena[keyLo:keyHi] (routing.go)
 	hash           uint16
 	hasHash        bool
 }
@@ -94,15 +93,7 @@ func (p *Producer) planSend(msgs []msgRef, num numbering) bool {
 	}
 	for _, m := range msgs {
 		pm := planned{}
-		if p.ring != nil {
-			if key, ok := messageKey(m.smm); ok {
-				pm.hash, pm.hasHash = route.HashB(key), true
-			}
-			pm.lane = 1 + p.ring.Bucket(pm.hash)
-		}
-		pm.groupLo = len(p.arena)
-		p.arena = append(p.arena, p.groupOf(m.smm)...)
-		pm.group = len(p.arena)
+		p.classify(m, &pm)
 		if !num.perMessage {
 			need := 4 + len(m.smm) + len(m.payload)
 			k := current[pm.lane]

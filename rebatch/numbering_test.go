@@ -59,14 +59,14 @@ func keyedBatch(t *testing.T, seq, highest uint64, key string, region string, ms
 	return buildSend(t, seq, highest, msgs, true, false).frame
 }
 
-// Given the coalesce policy and broker de-duplication,
+// Given the coalesce policy merging across keys and broker de-duplication,
 // when a key-based batcher (pulsar-client-go, the C++ and Python clients) sends 200 messages
 // over 10 keys as one SEND per key, each numbered by its key's first id (k0 carries 0, 10, ...,
 // 190), and the broker acknowledges every entry,
 // then every entry the engine builds is numbered within the ids its sends carry on the command,
 // so the broker stores all 200 messages, each once.
 func TestKeyBasedBatchesAreNumberedByTheirCommandIds(t *testing.T) {
-	p := newEngine(t, Policy{Kind: Coalesce}, -1)
+	p := newEngine(t, Policy{Kind: Coalesce, SplitKeys: mixKeys}, -1)
 	broker := newBrokerModel()
 	var out Output
 	for k := uint64(0); k < 10; k++ {
@@ -100,13 +100,13 @@ func TestKeyBasedBatchesAreNumberedByTheirCommandIds(t *testing.T) {
 	}
 }
 
-// Given the coalesce policy,
+// Given the coalesce policy merging across keys,
 // when Java's key-based batcher sends two key batches, each numbered by its largest id
 // (sequence_id = highest_sequence_id),
 // then they are merged whole into one entry numbered from the first command's id to the last's,
 // and every message keeps its own id.
 func TestJavaKeyBatchesAreMergedWholeUnderTheirCommandIds(t *testing.T) {
-	p := newEngine(t, Policy{Kind: Coalesce}, -1)
+	p := newEngine(t, Policy{Kind: Coalesce, SplitKeys: mixKeys}, -1)
 	var out Output
 	send(t, p, keyedBatch(t, 4, 4, "a", "us", 0, 3, 4), &out)
 	send(t, p, keyedBatch(t, 5, 5, "b", "us", 1, 2, 5), &out)

@@ -73,12 +73,30 @@ type Policy struct {
 	// of that name); zero means the default, 100,000.
 	MaxPendingSends int
 
+	// SplitKeys keeps messages whose Key_Shared routing differs out of one entry: an entry's
+	// keyed messages then share the hash the broker dispatches by (Murmur3 of the sticky key,
+	// sign bit cleared), so every Key_Shared selector (AUTO_SPLIT, STICKY, any broker version)
+	// sends the entry where it would send each of them alone, and keys reach one consumer as
+	// directly. Keyless messages merge only with keyless ones. nil means the default: on for
+	// coalesce and properties, off for buckets (whose entries mix the keys of one bucket, for
+	// consumers whose ranges are aligned to the buckets). See KeysApart.
+	SplitKeys *bool
+
 	// Buckets is the number of equal-width buckets over the 16-bit hashB ring (buckets
 	// policy); BucketStarts gives explicit boundaries instead (first 0, strictly increasing).
 	Buckets      int
 	BucketStarts []int
 
 	ring *route.Buckets // compiled by Validate
+}
+
+// KeysApart reports whether entries keep messages of different Key_Shared routing apart
+// (SplitKeys, with its default). Any goroutine may call it.
+func (p *Policy) KeysApart() bool {
+	if p.SplitKeys != nil {
+		return *p.SplitKeys
+	}
+	return p.Kind == Coalesce || p.Kind == Properties
 }
 
 // Ring returns the compiled buckets of a validated buckets policy.

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 
@@ -89,6 +88,7 @@ type Stats struct {
 	FlushMaxBytes    uint64
 	FlushDelay       uint64
 	FlushGroup       uint64 // properties changed, schema changed, a resend, or a send never merged
+	FlushKeys        uint64 // the next message's Key_Shared routing differs (Policy.KeysApart)
 	FlushExplicit    uint64
 	FlushIdle        uint64 // sent at once because nothing of its lane was in flight
 	ReceiptsToClient uint64
@@ -164,13 +164,13 @@ type openBatch struct {
 	lo, hi            uint64
 	sends             []sendCount
 	dup               bool   // holds only messages at or below the lane's de-duplication mark
-	group             []byte // encoded restricted properties; empty under coalesce
+	group             []byte // routing class and restricted properties (classify)
 	schema            []byte
 	hasSchema         bool
 	compression       pulsarpb.CompressionType
 	publishTime       uint64
 	hasPublishTime    bool
-	key               []byte // first (keyed) message's key, copied to the outer metadata
+	key               []byte // first (keyed) message's key, copied to the outer metadata; under buckets the first message's routing key
 	keyB64, isOrdKey  bool
 	partitionKeyFirst bool
 	hasKey            bool
@@ -238,6 +238,7 @@ type Producer struct {
 	zipped    []byte
 	groupKV   []byte
 	groupVals [][]byte
+	fallback  []byte // routeOf's Pulsar 4 fallback key
 	plan      []planned
 	pieces    []piece
 	arena     []byte
@@ -503,7 +504,6 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 	for i, m := range msgs {
 		pm := &p.plan[i]
 		l := p.lanes[pm.lane]
-		group := p.arena[pm.groupLo:pm.group]
 		lo, hi := m.seq, m.seq
 		need, count := 4+len(m.smm)+len(m.payload), 1
 		if !num.perMessage {
@@ -523,12 +523,12 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 			p.stats.PiecesStraddlingMark++
 		}
 		if num.perMessage || pm.start {
-			if err := p.makeRoom(l, dup, group, need, count, out); err != nil {
+			if err := p.makeRoom(l, dup, p.arena[pm.groupLo:pm.group], need, count, out); err != nil {
 				return err
 			}
 		}
 		// A span piece fits whole (checked at its start), so a full batch ends with a piece.
-		if err := p.place(now, l, id, m, group, dup, pm.hash, pm.hasHash, lo, hi, out); err != nil {
+		if err := p.place(now, l, id, m, pm, dup, lo, hi, out); err != nil {
 			return err
 		}
 	}
@@ -542,10 +542,13 @@ func (p *Producer) sendShared(now time.Time, s *wire.Send, msgs []msgRef, out *O
 	id := p.sendBase + uint64(p.Pending())
 	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID})
 	for _, m := range msgs {
-		if err := p.makeRoom(l, false, nil, 4+len(m.smm)+len(m.payload), 1, out); err != nil {
+		p.arena = p.arena[:0]
+		var pm planned
+		p.classify(m, &pm)
+		if err := p.makeRoom(l, false, p.arena[pm.groupLo:pm.group], 4+len(m.smm)+len(m.payload), 1, out); err != nil {
 			return err
 		}
-		if err := p.place(now, l, id, m, nil, false, 0, false, 0, 0, out); err != nil {
+		if err := p.place(now, l, id, m, &pm, false, 0, 0, out); err != nil {
 			return err
 		}
 	}
@@ -560,8 +563,14 @@ func (p *Producer) makeRoom(l *lane, dup bool, group []byte, need, count int, ou
 		return nil
 	}
 	switch {
-	case o.dup != dup, !p.sameEntryFields(o), !bytes.Equal(group, o.group):
+	case o.dup != dup, !p.sameEntryFields(o):
 		p.stats.FlushGroup++
+	case !bytes.Equal(group, o.group):
+		if p.sameRoute(group, o.group) {
+			p.stats.FlushGroup++
+		} else {
+			p.stats.FlushKeys++
+		}
 	case len(o.buf)+need > p.budget:
 		p.stats.FlushMaxBytes++
 	case o.n+count > p.cfg.Policy.MaxMessages:
@@ -573,8 +582,8 @@ func (p *Producer) makeRoom(l *lane, dup bool, group []byte, need, count int, ou
 }
 
 // place adds a message to a lane's open batch and sends the batch once it is full.
-func (p *Producer) place(now time.Time, l *lane, id uint64, m msgRef, group []byte, dup bool, hash uint16, hasHash bool, lo, hi uint64, out *Output) error {
-	p.add(now, l, id, m, group, dup, hash, hasHash, lo, hi)
+func (p *Producer) place(now time.Time, l *lane, id uint64, m msgRef, pm *planned, dup bool, lo, hi uint64, out *Output) error {
+	p.add(now, l, id, m, pm, dup, lo, hi)
 	if l.open.n < p.cfg.Policy.MaxMessages {
 		return nil
 	}
@@ -608,26 +617,6 @@ func (p *Producer) flushIdle(l *lane, out *Output) {
 		p.stats.FlushIdle++
 		_ = p.flush(l, out) // a flush error is an encoding bug; the batch stays open for Tick
 	}
-}
-
-// messageKey returns the key hashB is computed from (PIP-486): the ordering key, else the
-// partition key. The common cases alias the metadata; route.MessageKey handles the rest.
-func messageKey(smm []byte) ([]byte, bool) {
-	meta, err := batch.ParseSingleMeta(smm)
-	if err != nil {
-		return nil, false
-	}
-	switch {
-	case meta.HasOrderingKey:
-		return meta.OrderingKey, true
-	case !meta.HasPartitionKey:
-		return nil, false
-	case !meta.PartitionKeyB64Encoded && utf8.Valid(meta.PartitionKey):
-		return meta.PartitionKey, true
-	}
-	key, ok, err := route.MessageKey(route.KeyFields{PartitionKey: string(meta.PartitionKey), HasPartitionKey: true,
-		PartitionKeyB64: meta.PartitionKeyB64Encoded})
-	return key, ok && err == nil
 }
 
 // neverMerged reports whether a send must be forwarded alone and unchanged (DESIGN.md
@@ -755,8 +744,9 @@ func (p *Producer) groupOf(smm []byte) []byte {
 
 // add appends one message to a lane's open batch, opening it if needed.
 // lo and hi are the ids the message lends the entry: its own, or its piece's (numbering.go).
-func (p *Producer) add(now time.Time, l *lane, id uint64, m msgRef, group []byte, dup bool, hash uint16, hasHash bool, lo, hi uint64) {
+func (p *Producer) add(now time.Time, l *lane, id uint64, m msgRef, pm *planned, dup bool, lo, hi uint64) {
 	o := &l.open
+	group := p.arena[pm.groupLo:pm.group]
 	if o.n == 0 {
 		o.lo, o.started, o.dup = lo, now, dup
 		o.first = p
@@ -772,10 +762,15 @@ func (p *Producer) add(now time.Time, l *lane, id uint64, m msgRef, group []byte
 		o.key = o.key[:0]
 		o.hasKey, o.isOrdKey, o.keyB64, o.partitionKeyFirst, o.hasHash = false, false, false, false, false
 	}
-	if !o.hasKey {
+	switch {
+	case o.hasKey:
+	case p.ring != nil:
+		// Under buckets the outer key is the first message's routing key, which lies in the
+		// entry's bucket like every other message's (routing.go).
+		o.key, o.isOrdKey, o.hasKey = append(o.key[:0], p.arena[pm.keyLo:pm.keyHi]...), true, true
+	default:
 		// The outer key is the first keyed message's, as clients do for their batches; under
-		// buckets every keyed message of the entry hashes into the same bucket, so Key_Shared
-		// routes the entry to the consumer that owns the bucket.
+		// KeysApart every keyed message of the entry has the same sticky hash.
 		if meta, err := batch.ParseSingleMeta(m.smm); err == nil {
 			switch {
 			case meta.HasOrderingKey:
@@ -785,11 +780,11 @@ func (p *Producer) add(now time.Time, l *lane, id uint64, m msgRef, group []byte
 			}
 		}
 	}
-	if hasHash {
+	if pm.hasHash {
 		if !o.hasHash {
-			o.hashLo, o.hashHi, o.hasHash = hash, hash, true
+			o.hashLo, o.hashHi, o.hasHash = pm.hash, pm.hash, true
 		}
-		o.hashLo, o.hashHi = min(o.hashLo, hash), max(o.hashHi, hash)
+		o.hashLo, o.hashHi = min(o.hashLo, pm.hash), max(o.hashHi, pm.hash)
 	}
 	o.buf = binary.BigEndian.AppendUint32(o.buf, uint32(len(m.smm)))
 	o.buf = append(o.buf, m.smm...)
@@ -834,16 +829,10 @@ func (p *Producer) flush(l *lane, out *Output) error {
 		md.SchemaVersion = o.schema
 	}
 	switch {
-	case o.isOrdKey || (p.ring != nil && o.hasKey):
-		// Under buckets the key goes in ordering_key, which Key_Shared prefers, as the bytes
-		// hashB was computed from.
-		if p.ring != nil && o.partitionKeyFirst {
-			if k, ok := messageKeyOf(o.key, o.keyB64); ok {
-				md.OrderingKey = k
-				break
-			}
-		}
-		md.OrderingKey = o.key
+	case o.isOrdKey:
+		// Under buckets: the routing key, as the bytes hashB was computed from, in
+		// ordering_key, which Key_Shared prefers and reads as bytes. An empty key stays present.
+		md.OrderingKey = nonNil(o.key)
 	case o.partitionKeyFirst:
 		md.PartitionKey = proto.String(string(o.key))
 		if o.keyB64 {
@@ -854,7 +843,7 @@ func (p *Producer) flush(l *lane, out *Output) error {
 		wire.SetEntryHashRange(md, uint32(o.hashLo), uint32(o.hashHi))
 	}
 	// The group's restricted key/values become the entry's outer properties (PIP-191).
-	for b := o.group; len(b) > 0; {
+	for b := p.groupProperties(o.group); len(b) > 0; {
 		i, n := binary.Uvarint(b)
 		b = b[n:]
 		ln, n := binary.Uvarint(b)
@@ -911,15 +900,6 @@ func (p *Producer) flush(l *lane, out *Output) error {
 	o.n = 0
 	o.buf = o.buf[:0]
 	return nil
-}
-
-// messageKeyOf returns the key bytes of a partition key copied from a message.
-func messageKeyOf(pk []byte, b64 bool) ([]byte, bool) {
-	if !b64 {
-		return pk, true
-	}
-	k, ok, err := route.MessageKey(route.KeyFields{PartitionKey: string(pk), HasPartitionKey: true, PartitionKeyB64: true})
-	return k, ok && err == nil
 }
 
 // verbatim forwards a client send unchanged on the client's own producer, after flushing the

@@ -360,12 +360,12 @@ func TestReceiptWaitsForEveryPartOfASplitSend(t *testing.T) {
 	}
 }
 
-// Given the coalesce policy,
-// when ten unbatched sends arrive and the delay expires,
+// Given the coalesce policy merging across keys,
+// when ten unbatched sends of ten keys arrive and the delay expires,
 // then one entry holds all ten in order, and its receipt releases ten client receipts in the
 // client's order, each with its own sequence id.
 func TestCoalesceMergesConsecutiveSendsAndReceiptsEachInOrder(t *testing.T) {
-	p := newEngine(t, Policy{Kind: Coalesce}, -1)
+	p := newEngine(t, Policy{Kind: Coalesce, SplitKeys: mixKeys}, -1)
 	var out Output
 	for i := 0; i < 10; i++ {
 		send(t, p, clientSingle(t, msg{key: fmt.Sprintf("k%d", i), props: map[string]string{"i": fmt.Sprint(i)}, payload: fmt.Sprintf("m%d", i), seq: uint64(i)}), &out)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 )
 
 // KeyFields are the MessageMetadata fields that decide a message's key, as
@@ -90,22 +89,6 @@ func decodeJavaBase64(s string) ([]byte, error) {
 		return nil, ErrBadBase64Key
 	}
 	return b, nil
-}
-
-// javaUTF8 returns the bytes the broker hashes for a string key: the broker
-// decodes the field as UTF-8 into a Java String and encodes it back, so valid
-// UTF-8 is unchanged. Invalid bytes become U+FFFD, one per bad byte here;
-// Java's decoder may group some malformed sequences differently, so only
-// invalid UTF-8 can disagree with the broker.
-func javaUTF8(s string) []byte {
-	if utf8.ValidString(s) {
-		return []byte(s)
-	}
-	var b strings.Builder
-	for _, r := range s {
-		b.WriteRune(r)
-	}
-	return []byte(b.String())
 }
 
 // HashB is PIP-486's hashB: the low 16 bits of Murmur3 x86_32 (seed 0) of the

@@ -28,6 +28,7 @@ var policyKeys = map[string]string{
 	"merge_producers":   "coalesce policy: merge all producers of a topic on a client connection into shared entries (at-least-once after a proxy crash; see README)",
 	"buckets":           "buckets policy: number of equal-width buckets over the 16-bit hashB ring (one broker producer each)",
 	"bucket_starts":     "buckets policy: explicit bucket start hashes instead, first 0, strictly increasing",
+	"split_keys":        "entries never mix messages the broker's Key_Shared dispatch would route apart, so each key reaches one consumer as directly (default true for coalesce and properties, false for buckets; false merges across keys: fewer entries, keys split across Key_Shared consumers)",
 	"max_pending_sends": "sends of one client producer awaiting receipts; reading from the client pauses at 3/4 of it and resumes below 1/2 (default 100000)",
 }
 
@@ -85,7 +86,7 @@ func parseRule(n *yaml.Node) (route.Rule[rebatch.Policy], error) {
 		k, v := n.Content[i], n.Content[i+1]
 		key := k.Value
 		if _, ok := policyKeys[key]; !ok {
-			return r, fmt.Errorf("line %d: unknown key %q (known: topics, policy, max_messages, max_bytes, max_delay, compression, restricted, merge_producers, hold_when_idle, buckets, bucket_starts, max_pending_sends)", k.Line, key)
+			return r, fmt.Errorf("line %d: unknown key %q (known: topics, policy, max_messages, max_bytes, max_delay, compression, restricted, merge_producers, hold_when_idle, split_keys, buckets, bucket_starts, max_pending_sends)", k.Line, key)
 		}
 		if seen[key] {
 			return r, fmt.Errorf("line %d: key %q given twice", k.Line, key)
@@ -128,15 +129,18 @@ func parseRule(n *yaml.Node) (route.Rule[rebatch.Policy], error) {
 			}
 			ct := pulsarpb.CompressionType(c)
 			r.Policy.Compression = &ct
-		case "merge_producers", "hold_when_idle":
+		case "merge_producers", "hold_when_idle", "split_keys":
 			b, err := strconv.ParseBool(s)
 			if err != nil {
 				return r, bad("%q is not true or false", s)
 			}
-			if key == "merge_producers" {
+			switch key {
+			case "merge_producers":
 				r.Policy.MergeProducers = b
-			} else {
+			case "hold_when_idle":
 				r.Policy.HoldWhenIdle = b
+			default:
+				r.Policy.SplitKeys = &b
 			}
 		case "buckets", "max_pending_sends":
 			n, err := strconv.Atoi(s)
