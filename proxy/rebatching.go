@@ -71,7 +71,7 @@ func NewRebatchMetrics() *RebatchMetrics {
 		perEntry: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rebatchproxy_rebatch_messages_per_entry",
 			Help: "Messages in each entry sent to a broker by a rewriting policy.", Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000}}, []string{"policy"}),
 		flushes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rebatchproxy_rebatch_flushes_total",
-			Help: "Why open batches were flushed."}, []string{"policy", "reason"}),
+			Help: "Why open batches were flushed: max_messages, max_bytes, max_delay, group_change (properties, schema, a resend or a send never merged), key_change (split_keys: the next message routes to another Key_Shared hash), explicit, idle."}, []string{"policy", "reason"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rebatchproxy_rebatch_send_to_receipt_seconds",
 			Help: "Time from a client SEND reaching the proxy to its receipt leaving it.", Buckets: prometheus.ExponentialBuckets(0.0002, 2, 14)}, []string{"policy"}),
 		engineErrs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rebatchproxy_rebatch_errors_total",
@@ -726,6 +726,7 @@ func (r *rebatchPath) account(e *engine) {
 		{"max_bytes", s.FlushMaxBytes, e.last.FlushMaxBytes},
 		{"max_delay", s.FlushDelay, e.last.FlushDelay},
 		{"group_change", s.FlushGroup, e.last.FlushGroup},
+		{"key_change", s.FlushKeys, e.last.FlushKeys},
 		{"explicit", s.FlushExplicit, e.last.FlushExplicit},
 		{"idle", s.FlushIdle, e.last.FlushIdle},
 	} {

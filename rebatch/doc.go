@@ -20,9 +20,14 @@
 //     murmur3_x86_32, seed 0, of the ordering key, else the partition key). One open batch per
 //     bucket, each written by its own broker producer (a lane, see lanes.go). Every entry
 //     carries entry_hash_min/max (33/34) = the hashB range of its messages and an outer
-//     ordering key from one of them, so a Key_Shared STICKY consumer whose range is aligned to
+//     ordering key from one of them (the sticky key the broker would hash, keyless messages
+//     included, routing.go), so a Key_Shared STICKY consumer whose range is aligned to
 //     bucket boundaries gets exactly the keys it owns. Per-key order holds; per-producer order
 //     does not (DESIGN.md).
+//   - split_keys (Policy.SplitKeys; on by default for coalesce and properties): an entry's keyed
+//     messages share the sticky-key hash the broker's Key_Shared dispatch reads from the entry's
+//     outer key, so no consumer can tell the entry from its messages sent alone; keyless
+//     messages merge only with keyless ones (routing.go).
 //   - coalesce with merge_producers: every client producer of a topic on one connection writes
 //     through one shared lane, a proxy-owned broker producer, so synchronous senders are merged
 //     too. See the sequence spaces below for its price.

@@ -120,7 +120,9 @@ func outerFields(md *pulsarpb.MessageMetadata) route.KeyFields {
 		ProducerName: md.GetProducerName(), HasProducerName: md.ProducerName != nil, SequenceID: md.GetSequenceId(), HasSequenceID: md.SequenceId != nil}
 }
 
-func stickyHash(f route.KeyFields) uint32 { return route.Murmur3x86_32(route.StickyKey(f), 0) & 0x7FFFFFFF }
+func stickyHash(f route.KeyFields) uint32 {
+	return route.Murmur3x86_32(route.StickyKey(f), 0) & 0x7FFFFFFF
+}
 
 // keySharedScript sends 60 random messages in random sends (batches and single sends) and
 // returns them by sequence id, with the entries the engine built.

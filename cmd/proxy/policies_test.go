@@ -18,6 +18,7 @@ policies:
     max_delay: 5ms
     compression: lz4
     max_pending_sends: 2000
+    split_keys: false
   - topics: public/filtered/*
     policy: properties
     restricted: {region: [us, eu], version: ['1', '2'], any: []}
@@ -27,11 +28,11 @@ policies:
 		t.Fatal(err)
 	}
 	p, idx, ok := m.Match("persistent://public/default/orders-eu-partition-2")
-	if !ok || idx != 0 || p.Kind != rebatch.Coalesce || p.MaxMessages != 500 || p.MaxBytes != 64<<10 || p.MaxDelay.String() != "5ms" || p.Compression == nil || p.Compression.String() != "LZ4" || p.MaxPendingSends != 2000 {
+	if !ok || idx != 0 || p.Kind != rebatch.Coalesce || p.MaxMessages != 500 || p.MaxBytes != 64<<10 || p.MaxDelay.String() != "5ms" || p.Compression == nil || p.Compression.String() != "LZ4" || p.MaxPendingSends != 2000 || p.KeysApart() {
 		t.Fatalf("orders rule: %+v %d %v", p, idx, ok)
 	}
 	p, _, ok = m.Match("public/filtered/x")
-	if !ok || p.Kind != rebatch.Properties || len(p.Restricted["region"]) != 2 || p.Restricted["any"] == nil && len(p.Restricted["any"]) != 0 {
+	if !ok || p.Kind != rebatch.Properties || len(p.Restricted["region"]) != 2 || p.Restricted["any"] == nil && len(p.Restricted["any"]) != 0 || !p.KeysApart() {
 		t.Fatalf("filtered rule: %+v", p)
 	}
 	if _, _, ok := m.Match("public/other/x"); ok {

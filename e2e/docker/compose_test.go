@@ -429,7 +429,7 @@ func roundTrip(t *testing.T, proxyURL string, broker *harness.Broker) {
 	defer cancel()
 	for i := 0; i < messages; i++ {
 		wg.Add(1)
-		producer.SendAsync(ctx, &pulsar.ProducerMessage{Payload: []byte(payload(i)), Key: "k" + strconv.Itoa(i%7),
+		producer.SendAsync(ctx, &pulsar.ProducerMessage{Payload: []byte(payload(i)), Key: "k" + strconv.Itoa(i/50%7),
 			Properties: map[string]string{"i": strconv.Itoa(i)}},
 			func(_ pulsar.MessageID, _ *pulsar.ProducerMessage, err error) {
 				if err != nil {
@@ -453,7 +453,7 @@ func roundTrip(t *testing.T, proxyURL string, broker *harness.Broker) {
 		if err != nil {
 			t.Fatalf("received %d of %d through the proxy container: %v", i, messages, err)
 		}
-		if string(m.Payload()) != payload(i) || m.Key() != "k"+strconv.Itoa(i%7) || m.Properties()["i"] != strconv.Itoa(i) {
+		if string(m.Payload()) != payload(i) || m.Key() != "k"+strconv.Itoa(i/50%7) || m.Properties()["i"] != strconv.Itoa(i) {
 			t.Fatalf("message %d: got payload %q key %q props %v", i, m.Payload(), m.Key(), m.Properties())
 		}
 		if err := consumer.Ack(m); err != nil {

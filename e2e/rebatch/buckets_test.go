@@ -97,7 +97,11 @@ func runKeyShared(t *testing.T, b *harness.Broker, url, topic string, keys []str
 		select {
 		case g := <-ch:
 			run.received++
-			if ring.Bucket(route.HashB([]byte(g.key))) != g.consumer {
+			if g.key == "" {
+				continue // keyless: spread over the buckets, owned by no consumer
+			}
+			// The key as the broker hashes it: a partition key read as a Java String.
+			if ring.Bucket(route.HashB(route.StickyKey(route.KeyFields{PartitionKey: g.key, HasPartitionKey: true}))) != g.consumer {
 				run.violations++
 			}
 			if prev, ok := last[g.key]; ok && g.idx < prev {
@@ -117,7 +121,8 @@ func runKeyShared(t *testing.T, b *harness.Broker, url, topic string, keys []str
 }
 
 // Given four Key_Shared STICKY consumers whose hash ranges are aligned to four equal buckets,
-// when a producer with default batching sends 10,000 messages with random keys, once
+// when a producer with default batching sends 10,000 messages with random keys (a fifth of
+// them invalid UTF-8, one message in twenty keyless), once
 // directly to the broker and once through the proxy's buckets policy,
 // then through the proxy every message reaches the consumer that owns its key's hash, in
 // per-key order, while the direct run delivers messages to consumers that do not own them.
@@ -130,9 +135,14 @@ func TestBucketsPolicyKeepsKeySharedStickyAffinity(t *testing.T) {
 	for i := range pool {
 		pool[i] = fmt.Sprintf("key-%08x", rnd.Uint32())
 	}
+	for i := 0; i < len(pool); i += 5 {
+		pool[i] = fmt.Sprintf("\xff%c\xe2\x82-%d", 0x80+i%64, i) // invalid UTF-8
+	}
 	keys := make([]string, 10000)
 	for i := range keys {
-		keys[i] = pool[rnd.Intn(len(pool))]
+		if rnd.Intn(20) > 0 { // one in twenty keyless
+			keys[i] = pool[rnd.Intn(len(pool))]
+		}
 	}
 
 	directRun := runKeyShared(t, b, b.ServiceURL, "persistent://"+ns+"/direct", keys)
@@ -173,9 +183,14 @@ func checkEntryHashRanges(t *testing.T, b *harness.Broker, topic string, n int) 
 			}
 		}
 		lo, hi := uint32(65535), uint32(0)
+		// The lane producer is named <client producer>-bucket-<i>; a keyless message is
+		// bucketed by the broker's fallback key "<client producer>-<sequence id>".
+		client := md.GetProducerName()[:strings.LastIndex(md.GetProducerName(), "-bucket-")]
 		it := batch.NewIterator(payload, int(md.GetNumMessagesInBatch()))
 		for it.Next() {
-			h := uint32(route.HashB(it.Meta().Key()))
+			m := it.Meta()
+			h := uint32(route.HashB(route.StickyKey(route.KeyFields{PartitionKey: string(m.PartitionKey), HasPartitionKey: m.HasPartitionKey,
+				ProducerName: client, HasProducerName: true, SequenceID: m.SequenceID, HasSequenceID: m.HasSequenceID})))
 			lo, hi = min(lo, h), max(hi, h)
 			total++
 		}

@@ -99,7 +99,7 @@ func mapString(m map[string]string) string {
 
 // Given the proxy with the properties policy (region: us, eu; version: 1, 2) and a
 // pulsar-client-go producer batching freely,
-// when it sends 2,000 messages whose region and version vary at random,
+// when it sends 2,000 messages whose region and version vary at random, keyed in runs of 20,
 // then every stored entry is a batch whose outer properties are exactly its messages' shared
 // restricted properties, and a consumer receives every message once, in producer order, with
 // its own properties and key.
@@ -132,7 +132,7 @@ func TestPropertiesPolicyStoresEntriesGroupedByRestrictedProperties(t *testing.T
 			}
 		}
 		props[i] = p
-		msgs[i] = &pulsar.ProducerMessage{Payload: []byte("m-" + strconv.Itoa(i)), Key: "k" + strconv.Itoa(i%50), Properties: p}
+		msgs[i] = &pulsar.ProducerMessage{Payload: []byte("m-" + strconv.Itoa(i)), Key: "k" + strconv.Itoa(i/20%50), Properties: p}
 	}
 
 	c := newClient(t, url)
@@ -177,15 +177,15 @@ func TestPropertiesPolicyStoresEntriesGroupedByRestrictedProperties(t *testing.T
 	}
 	t.Logf("%d messages stored in %d entries, each homogeneous in its restricted properties", n, len(entries))
 	consumeAll(t, b, topic, n, func(i int, m pulsar.Message) {
-		if mapString(m.Properties()) != mapString(props[i]) || m.Key() != "k"+strconv.Itoa(i%50) {
+		if mapString(m.Properties()) != mapString(props[i]) || m.Key() != "k"+strconv.Itoa(i/20%50) {
 			t.Fatalf("consumed message %d: key %q properties %v", i, m.Key(), m.Properties())
 		}
 	})
 }
 
 // Given the proxy with the coalesce policy and a pulsar-client-go producer with batching off,
-// when it sends 2,000 messages asynchronously,
-// then the broker stores them in at least five times fewer entries, every send's receipt
+// when it sends 2,000 messages asynchronously, keyed in runs of 40,
+// then the broker stores them in at least five times fewer entries, none mixing keys, every send's receipt
 // names the entry that holds its message, and a consumer receives each once, in order.
 func TestCoalescePolicyMergesUnbatchedSends(t *testing.T) {
 	b := harness.Default(t)
@@ -195,7 +195,9 @@ func TestCoalescePolicyMergesUnbatchedSends(t *testing.T) {
 	const n = 2000
 	msgs := make([]*pulsar.ProducerMessage, n)
 	for i := range msgs {
-		msgs[i] = &pulsar.ProducerMessage{Payload: []byte("m-" + strconv.Itoa(i)), Key: "k" + strconv.Itoa(i%7)}
+		// Keys in runs of 40, as entity-keyed traffic often comes: entries never mix keys
+		// (split_keys), so only runs merge.
+		msgs[i] = &pulsar.ProducerMessage{Payload: []byte("m-" + strconv.Itoa(i)), Key: "k" + strconv.Itoa(i/40%7)}
 	}
 	c := newClient(t, url)
 	prod, err := c.CreateProducer(pulsar.ProducerOptions{Topic: topic, DisableBatching: true, MaxPendingMessages: 1000})
@@ -216,6 +218,9 @@ func TestCoalescePolicyMergesUnbatchedSends(t *testing.T) {
 		for _, m := range e.Messages {
 			where[string(m.Payload)] = pos{e.Ledger, e.Entry}
 			total++
+			if m.PartitionKey != e.Messages[0].PartitionKey {
+				t.Fatalf("entry %d:%d mixes keys %q and %q", e.Ledger, e.Entry, e.Messages[0].PartitionKey, m.PartitionKey)
+			}
 		}
 	}
 	if total != n {

@@ -1,0 +1,177 @@
+package rebatch_test
+
+import (
+	"fmt"
+	"math/rand"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/apache/pulsar-client-go/pulsar"
+
+	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
+	"github.com/rebatchproxy/rebatchproxy/rebatch"
+)
+
+// autoSplitRun is what a default Key_Shared subscription (AUTO_SPLIT, consistent hashing)
+// received from one topic, and what the broker stored.
+type autoSplitRun struct {
+	received   int
+	splitKeys  int // keys received by more than one consumer
+	outOfOrder int // messages of a key received after a later message of that key
+	entries    int
+}
+
+// keySharedKeys returns n keys drawn from 200: UTF-8 keys, invalid UTF-8 keys (a Go string
+// carries any bytes; the broker reads them as a Java String) and, one in ten, no key.
+func keySharedKeys(n int) []string {
+	rnd := rand.New(rand.NewSource(5))
+	pool := make([]string, 200)
+	for i := range pool {
+		pool[i] = fmt.Sprintf("key-%08x", rnd.Uint32())
+		if i%4 == 0 {
+			pool[i] = fmt.Sprintf("\xff%c\xe2\x82-%d", 0x80+i%64, i)
+		}
+	}
+	keys := make([]string, n)
+	for i := range keys {
+		if rnd.Intn(10) > 0 {
+			keys[i] = pool[rnd.Intn(len(pool))]
+		}
+	}
+	return keys
+}
+
+// runAutoSplit subscribes consumers default Key_Shared consumers on the broker, produces
+// keys through url (batching or not), and counts what they got and what the broker stored.
+func runAutoSplit(t *testing.T, b *harness.Broker, url, topic string, keys []string, consumers int, batching bool) autoSplitRun {
+	t.Helper()
+	direct := newClient(t, b.ServiceURL)
+	type got struct {
+		consumer int
+		key      string
+		idx      int
+	}
+	ch := make(chan got, len(keys))
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < consumers; i++ {
+		c, err := direct.Subscribe(pulsar.ConsumerOptions{Topic: topic, SubscriptionName: "ks", Type: pulsar.KeyShared,
+			Name: fmt.Sprintf("c%d", i), SubscriptionInitialPosition: pulsar.SubscriptionPositionEarliest})
+		if err != nil {
+			t.Fatalf("consumer %d: %v", i, err)
+		}
+		wg.Add(1)
+		go func(i int, c pulsar.Consumer) {
+			defer wg.Done()
+			defer c.Close()
+			for {
+				select {
+				case m := <-c.Chan():
+					idx, _ := strconv.Atoi(strings.TrimPrefix(string(m.Payload()), "m-"))
+					ch <- got{consumer: i, key: m.Key(), idx: idx}
+					_ = c.Ack(m)
+				case <-done:
+					return
+				}
+			}
+		}(i, c)
+	}
+	prod, err := newClient(t, url).CreateProducer(pulsar.ProducerOptions{Topic: topic, DisableBatching: !batching,
+		BatchingMaxPublishDelay: 10 * time.Millisecond, MaxPendingMessages: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := make([]*pulsar.ProducerMessage, len(keys))
+	for i, k := range keys {
+		msgs[i] = &pulsar.ProducerMessage{Payload: []byte("m-" + strconv.Itoa(i)), Key: k}
+	}
+	sendAll(t, prod, msgs)
+	prod.Close()
+
+	var run autoSplitRun
+	owner, last := map[string]int{}, map[string]int{}
+	split := map[string]bool{}
+	deadline := time.After(2 * time.Minute)
+	for run.received < len(keys) {
+		select {
+		case g := <-ch:
+			run.received++
+			if g.key == "" {
+				continue // keyless: no consumer owns it
+			}
+			if o, ok := owner[g.key]; ok && o != g.consumer {
+				split[g.key] = true
+			}
+			owner[g.key] = g.consumer
+			if prev, ok := last[g.key]; ok && g.idx < prev {
+				run.outOfOrder++
+			}
+			last[g.key] = g.idx
+		case <-deadline:
+			t.Fatalf("%s: received %d of %d messages", topic, run.received, len(keys))
+		}
+	}
+	close(done)
+	wg.Wait()
+	run.splitKeys = len(split)
+	entries, err := b.StoredEntries(ctxT(t, time.Minute), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run.entries = len(entries)
+	return run
+}
+
+// Given a default Key_Shared subscription (AUTO_SPLIT) of two and then of three consumers, and
+// a pulsar-client-go producer sending 3,000 messages over 200 keys (a quarter of them invalid
+// UTF-8, one message in ten keyless), unbatched and then with default batching,
+// when it sends directly, and through the proxy under passthrough, coalesce and properties,
+// then through coalesce and properties (split_keys on, the default) no key reaches more than
+// one consumer and per-key order holds, batching or not; directly, batches mixing keys split
+// keys across consumers. Entries per message are printed beside passthrough's.
+func TestKeySharedDeliveryUnderRewritingPolicies(t *testing.T) {
+	b := harness.Default(t)
+	keys := keySharedKeys(3000)
+	paths := []struct {
+		name string
+		pol  *rebatch.Policy
+	}{
+		{"direct", nil},
+		{"passthrough", &rebatch.Policy{Kind: rebatch.Passthrough}},
+		{"coalesce", &rebatch.Policy{Kind: rebatch.Coalesce, MaxDelay: 5 * time.Millisecond}},
+		{"properties", &rebatch.Policy{Kind: rebatch.Properties, MaxDelay: 5 * time.Millisecond, Restricted: map[string][]string{"region": nil}}},
+	}
+	directBatchedSplit := 0
+	for _, path := range paths {
+		ns := newNamespace(t, b, "ks-"+path.name)
+		url := b.ServiceURL
+		if path.pol != nil {
+			url = startProxy(t, b, ns, *path.pol)
+		}
+		for _, batching := range []bool{false, true} {
+			for _, consumers := range []int{2, 3} {
+				topic := fmt.Sprintf("persistent://%s/b%v-c%d", ns, batching, consumers)
+				run := runAutoSplit(t, b, url, topic, keys, consumers, batching)
+				t.Logf("%-11s batching=%-5v consumers=%d: %d messages in %d entries (%.2f per entry), %d keys at more than one consumer, %d out of key order",
+					path.name, batching, consumers, run.received, run.entries, float64(run.received)/float64(run.entries), run.splitKeys, run.outOfOrder)
+				if run.outOfOrder != 0 {
+					t.Errorf("%s: %d messages out of key order", path.name, run.outOfOrder)
+				}
+				switch {
+				case path.name == "direct" && batching:
+					directBatchedSplit += run.splitKeys
+				case path.name == "coalesce" || path.name == "properties" || !batching:
+					if run.splitKeys != 0 {
+						t.Errorf("%s batching=%v consumers=%d: %d keys reached more than one consumer, want 0", path.name, batching, consumers, run.splitKeys)
+					}
+				}
+			}
+		}
+	}
+	if directBatchedSplit == 0 {
+		t.Fatal("direct batched runs split no key: the workload does not exercise mixed-key entries")
+	}
+}
