@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -76,33 +77,61 @@ type internalStats struct {
 		Entries  int64 `json:"entries"`
 	} `json:"ledgers"`
 	LastConfirmedEntry string `json:"lastConfirmedEntry"`
+	NumberOfEntries    int64  `json:"numberOfEntries"`
 }
 
+// errEntriesInconsistent: the topic's ledger list does not account for its entry count.
+var errEntriesInconsistent = errors.New("harness: internalStats ledgers do not add up to numberOfEntries")
+
 // StoredEntries reads every entry of a non-partitioned topic (or one partition,
-// "…-partition-N"), oldest first.
+// "…-partition-N"), oldest first. The ledger list is trusted only once its entry counts add up
+// to the topic's numberOfEntries: right after a topic unload or a broker restart the ledger the
+// unload closed can be listed before its count is, and reading it as empty would report stored
+// messages as missing. It waits up to 15 s for the two to agree, then fails naming both.
 func (b *Broker) StoredEntries(ctx context.Context, topic string) ([]StoredEntry, error) {
-	data, err := b.get(ctx, topicPath(topic)+"/internalStats")
-	if err != nil {
-		return nil, err
-	}
-	var st internalStats
-	if err := json.Unmarshal(data, &st); err != nil {
-		return nil, fmt.Errorf("internalStats of %s: %w", topic, err)
-	}
-	lacLedger, lacEntry := int64(-1), int64(-1)
-	if l, e, ok := strings.Cut(st.LastConfirmedEntry, ":"); ok {
-		lacLedger, _ = strconv.ParseInt(l, 10, 64)
-		lacEntry, _ = strconv.ParseInt(e, 10, 64)
+	type span struct{ ledger, last int64 }
+	var spans []span
+	for attempt := 0; ; attempt++ {
+		data, err := b.get(ctx, topicPath(topic)+"/internalStats")
+		if err != nil {
+			return nil, err
+		}
+		var st internalStats
+		if err := json.Unmarshal(data, &st); err != nil {
+			return nil, fmt.Errorf("internalStats of %s: %w", topic, err)
+		}
+		lacLedger, lacEntry := int64(-1), int64(-1)
+		if l, e, ok := strings.Cut(st.LastConfirmedEntry, ":"); ok {
+			lacLedger, _ = strconv.ParseInt(l, 10, 64)
+			lacEntry, _ = strconv.ParseInt(e, 10, 64)
+		}
+		spans = spans[:0]
+		total := int64(0)
+		for _, l := range st.Ledgers {
+			last := l.Entries - 1
+			if l.LedgerID == lacLedger {
+				// The open ledger reports 0 entries; the last confirmed entry bounds it.
+				last = lacEntry
+			}
+			spans = append(spans, span{l.LedgerID, last})
+			total += last + 1
+		}
+		if total == st.NumberOfEntries {
+			break
+		}
+		if attempt == 30 {
+			return nil, fmt.Errorf("%w: %s lists %d entries in its ledgers, numberOfEntries %d", errEntriesInconsistent, topic, total, st.NumberOfEntries)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
 	var out []StoredEntry
-	for _, l := range st.Ledgers {
-		last := l.Entries - 1
-		if l.LedgerID == lacLedger {
-			// The open ledger reports 0 entries; the last confirmed entry bounds it.
-			last = lacEntry
-		}
-		for e := int64(0); e <= last; e++ {
-			se, err := b.StoredEntry(ctx, topic, l.LedgerID, e)
+	for _, sp := range spans {
+		for e := int64(0); e <= sp.last; e++ {
+			se, err := b.StoredEntry(ctx, topic, sp.ledger, e)
 			if err != nil {
 				return nil, err
 			}
