@@ -75,6 +75,9 @@ type Options struct {
 	// TLS, when set, adds a TLS binary port with this certificate and key (PEM files made at
 	// test time, e.g. by internal/testcert), trusting CA.
 	TLS *TLSFiles
+	// ExtraConf is appended to the broker's configuration ("key=value" lines, pulsar.sh's
+	// PULSAR_EXTRA_CONF), e.g. entry filter settings.
+	ExtraConf string
 }
 
 // TLSFiles are a broker's TLS certificate, key and trusted CA (PEM files).
@@ -191,6 +194,9 @@ func StartBroker(opts Options) (*Broker, error) {
 	}
 	if opts.Version != "" {
 		env = append(env, "PULSAR_VERSION="+opts.Version)
+	}
+	if opts.ExtraConf != "" {
+		env = append(env, "PULSAR_EXTRA_CONF="+opts.ExtraConf)
 	}
 	if opts.AuthRefreshSeconds > 0 {
 		env = append(env, "PULSAR_AUTH_REFRESH_SECONDS="+strconv.Itoa(opts.AuthRefreshSeconds))

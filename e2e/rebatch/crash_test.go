@@ -111,14 +111,16 @@ func TestKill9ProxyMidStreamStoresEveryMessageOnce(t *testing.T) {
 }
 
 // crashRule is the proxy's policies section for the crash tests: one rule for namespace ns;
-// regions are the admitted values of the properties policy's restricted key "region".
+// regions are the admitted values of the properties policy's restricted key "region". Keys
+// cycle on every message, so coalesce and properties merge across keys (split_keys: false):
+// the faults must land on entries the proxy merged and cut.
 func crashRule(ns, policy, regions string) string {
 	rule := fmt.Sprintf("  - topics: %s/*\n    policy: %s\n", ns, policy)
 	switch policy {
 	case "coalesce":
-		rule += "    max_delay: 5ms\n"
+		rule += "    max_delay: 5ms\n    split_keys: false\n"
 	case "properties":
-		rule += "    max_delay: 5ms\n    restricted: {region: [" + regions + "]}\n"
+		rule += "    max_delay: 5ms\n    split_keys: false\n    restricted: {region: [" + regions + "]}\n"
 	case "buckets":
 		rule += "    max_delay: 5ms\n    buckets: 4\n"
 	}

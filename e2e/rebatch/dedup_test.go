@@ -27,13 +27,16 @@ import (
 var dedupPaths = []string{"direct", "passthrough", "coalesce", "properties", "buckets"}
 
 // dedupPolicy is the policy of a proxied path. properties restricts region to 0, 1 and 2 (3
-// and 4 are not admitted, so their group is empty).
+// and 4 are not admitted, so their group is empty). coalesce and properties merge across keys
+// (split_keys: false): the key batches of these clients hold one key each, and merging
+// several of them into one entry is the numbering these tests are about.
 func dedupPolicy(path string) rebatch.Policy {
+	mixKeys := false
 	switch path {
 	case "coalesce":
-		return rebatch.Policy{Kind: rebatch.Coalesce, MaxDelay: 5 * time.Millisecond}
+		return rebatch.Policy{Kind: rebatch.Coalesce, MaxDelay: 5 * time.Millisecond, SplitKeys: &mixKeys}
 	case "properties":
-		return rebatch.Policy{Kind: rebatch.Properties, MaxDelay: 5 * time.Millisecond, Restricted: map[string][]string{"region": {"0", "1", "2"}}}
+		return rebatch.Policy{Kind: rebatch.Properties, MaxDelay: 5 * time.Millisecond, SplitKeys: &mixKeys, Restricted: map[string][]string{"region": {"0", "1", "2"}}}
 	case "buckets":
 		return rebatch.Policy{Kind: rebatch.Buckets, MaxDelay: 5 * time.Millisecond, Buckets: 4}
 	}
