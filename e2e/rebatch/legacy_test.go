@@ -64,7 +64,7 @@ func legacyGroup(props map[string]string) string {
 	return ""
 }
 
-// Given the proxy with the properties policy (region: '0', '1', us), and for each legacy client
+// Given the proxy with the properties policy (region: '0', '1', us) merging across keys, and for each legacy client
 // (pulsar-client-go v0.8.1, v0.14.0, v0.21.0, Java 2.10.6, Python 3.13.0) a producer batching
 // with the client's defaults,
 // when the client's driver sends through the proxy 300 messages all in region us, then 300
@@ -78,7 +78,10 @@ func TestLegacyClientsThroughPropertiesPolicy(t *testing.T) {
 		templated("one-group", 300, drivers.ProduceSpec{Properties: "run=one-group,i={i},region=us", KeyMode: "seq", Keys: 5}),
 		templated("cycling", 300, drivers.ProduceSpec{Properties: "run=cycling,i={i},region={i%3}", KeyMode: "seq", Keys: 5}),
 	}
-	testLegacy(t, rebatch.Policy{Kind: rebatch.Properties, MaxDelay: 5 * time.Millisecond,
+	// Keys cycle on every message, so entries merge across keys (split_keys: false), as in
+	// TestLegacyClientsThroughCoalescePolicy.
+	mixKeys := false
+	testLegacy(t, rebatch.Policy{Kind: rebatch.Properties, MaxDelay: 5 * time.Millisecond, SplitKeys: &mixKeys,
 		Restricted: map[string][]string{"region": {"0", "1", "us"}}}, runs)
 }
 
