@@ -129,7 +129,8 @@ func runRegionFilter(t *testing.T, b *harness.Broker, url, topic string, regions
 // when a pulsar-client-go producer with default batching sends 2,000 messages whose region is
 // us or eu at random, directly and through the proxy's properties policy (restricted: region),
 // then through the proxy the subscription receives exactly the us messages and no eu message;
-// directly, client batches mix regions and carry no outer region, so eu messages get through.
+// directly, client batches mix regions and are judged whole, so us messages are dropped with
+// eu ones or eu messages get through.
 func TestEntryFilterJudgesEntriesByStampedProperties(t *testing.T) {
 	nars := buildRegionFilter(t)
 	b, err := harness.StartBroker(harness.Options{ExtraConf: "entryFiltersDirectory=" + nars + "\nentryFilterNames=region"})
