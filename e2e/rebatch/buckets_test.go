@@ -3,9 +3,7 @@ package rebatch_test
 import (
 	"fmt"
 	"math/rand"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -35,60 +33,17 @@ func runKeyShared(t *testing.T, b *harness.Broker, url, topic string, keys []str
 	if err != nil {
 		t.Fatal(err)
 	}
-	direct := newClient(t, b.ServiceURL)
-	type got struct {
-		consumer int
-		key      string
-		idx      int
-	}
-	ch := make(chan got, len(keys))
-	var consumers []pulsar.Consumer
+	var opts []pulsar.ConsumerOptions
 	for i := 0; i < ring.Len(); i++ {
 		lo, hi := ring.Range(i)
 		policy, err := pulsar.NewKeySharedPolicySticky([]int{int(lo), int(hi)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := direct.Subscribe(pulsar.ConsumerOptions{
-			Topic: topic, SubscriptionName: "ks", Type: pulsar.KeyShared, Name: fmt.Sprintf("bucket-%d", i),
-			KeySharedPolicy:             policy,
-			SubscriptionInitialPosition: pulsar.SubscriptionPositionEarliest,
-		})
-		if err != nil {
-			t.Fatalf("consumer for bucket %d [%d, %d]: %v", i, lo, hi, err)
-		}
-		consumers = append(consumers, c)
+		opts = append(opts, pulsar.ConsumerOptions{Name: fmt.Sprintf("bucket-%d", i), KeySharedPolicy: policy})
 	}
-	var wg sync.WaitGroup
-	done := make(chan struct{})
-	for i, c := range consumers {
-		wg.Add(1)
-		go func(i int, c pulsar.Consumer) {
-			defer wg.Done()
-			for {
-				select {
-				case m := <-c.Chan():
-					idx, _ := strconv.Atoi(strings.TrimPrefix(string(m.Payload()), "m-"))
-					ch <- got{consumer: i, key: m.Key(), idx: idx}
-					_ = c.Ack(m)
-				case <-done:
-					return
-				}
-			}
-		}(i, c)
-	}
-
-	prodClient := newClient(t, url)
-	prod, err := prodClient.CreateProducer(pulsar.ProducerOptions{Topic: topic, BatchingMaxPublishDelay: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	msgs := make([]*pulsar.ProducerMessage, len(keys))
-	for i, k := range keys {
-		msgs[i] = &pulsar.ProducerMessage{Payload: []byte("m-" + strconv.Itoa(i)), Key: k}
-	}
-	sendAll(t, prod, msgs)
-	prod.Close()
+	ch, stop := keySharedConsumers(t, b, topic, opts, len(keys))
+	produceKeyed(t, url, topic, keys, true)
 
 	var run keySharedRun
 	last := map[string]int{}
@@ -112,11 +67,7 @@ func runKeyShared(t *testing.T, b *harness.Broker, url, topic string, keys []str
 			t.Fatalf("received %d of %d messages", run.received, len(keys))
 		}
 	}
-	close(done)
-	wg.Wait()
-	for _, c := range consumers {
-		c.Close()
-	}
+	stop()
 	return run
 }
 

@@ -44,22 +44,28 @@ func keySharedKeys(n int) []string {
 	return keys
 }
 
-// runAutoSplit subscribes consumers default Key_Shared consumers on the broker, produces
-// keys through url (batching or not), and counts what they got and what the broker stored.
-func runAutoSplit(t *testing.T, b *harness.Broker, url, topic string, keys []string, consumers int, batching bool) autoSplitRun {
+// delivery is one message a Key_Shared consumer received: which consumer, its key, and its
+// index in the producer's order (payload "m-<i>").
+type delivery struct {
+	consumer int
+	key      string
+	idx      int
+}
+
+// keySharedConsumers subscribes one Key_Shared consumer per options (subscription "ks",
+// earliest; Topic, SubscriptionName, Type and the initial position are set here) directly on
+// the broker, acknowledges everything they receive and reports it on the channel (buffered for
+// n). stop closes the consumers.
+func keySharedConsumers(t *testing.T, b *harness.Broker, topic string, opts []pulsar.ConsumerOptions, n int) (<-chan delivery, func()) {
 	t.Helper()
 	direct := newClient(t, b.ServiceURL)
-	type got struct {
-		consumer int
-		key      string
-		idx      int
-	}
-	ch := make(chan got, len(keys))
+	ch := make(chan delivery, n)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
-	for i := 0; i < consumers; i++ {
-		c, err := direct.Subscribe(pulsar.ConsumerOptions{Topic: topic, SubscriptionName: "ks", Type: pulsar.KeyShared,
-			Name: fmt.Sprintf("c%d", i), SubscriptionInitialPosition: pulsar.SubscriptionPositionEarliest})
+	for i, o := range opts {
+		o.Topic, o.SubscriptionName, o.Type = topic, "ks", pulsar.KeyShared
+		o.SubscriptionInitialPosition = pulsar.SubscriptionPositionEarliest
+		c, err := direct.Subscribe(o)
 		if err != nil {
 			t.Fatalf("consumer %d: %v", i, err)
 		}
@@ -71,7 +77,7 @@ func runAutoSplit(t *testing.T, b *harness.Broker, url, topic string, keys []str
 				select {
 				case m := <-c.Chan():
 					idx, _ := strconv.Atoi(strings.TrimPrefix(string(m.Payload()), "m-"))
-					ch <- got{consumer: i, key: m.Key(), idx: idx}
+					ch <- delivery{consumer: i, key: m.Key(), idx: idx}
 					_ = c.Ack(m)
 				case <-done:
 					return
@@ -79,6 +85,13 @@ func runAutoSplit(t *testing.T, b *harness.Broker, url, topic string, keys []str
 			}
 		}(i, c)
 	}
+	return ch, func() { close(done); wg.Wait() }
+}
+
+// produceKeyed sends message i ("m-<i>") with key keys[i] (keyless when empty) through url,
+// batching (10 ms delay) or not, and waits for every receipt.
+func produceKeyed(t *testing.T, url, topic string, keys []string, batching bool) {
+	t.Helper()
 	prod, err := newClient(t, url).CreateProducer(pulsar.ProducerOptions{Topic: topic, DisableBatching: !batching,
 		BatchingMaxPublishDelay: 10 * time.Millisecond, MaxPendingMessages: 1000})
 	if err != nil {
@@ -90,6 +103,18 @@ func runAutoSplit(t *testing.T, b *harness.Broker, url, topic string, keys []str
 	}
 	sendAll(t, prod, msgs)
 	prod.Close()
+}
+
+// runAutoSplit subscribes consumers default Key_Shared consumers on the broker, produces
+// keys through url (batching or not), and counts what they got and what the broker stored.
+func runAutoSplit(t *testing.T, b *harness.Broker, url, topic string, keys []string, consumers int, batching bool) autoSplitRun {
+	t.Helper()
+	var opts []pulsar.ConsumerOptions
+	for i := 0; i < consumers; i++ {
+		opts = append(opts, pulsar.ConsumerOptions{Name: fmt.Sprintf("c%d", i)})
+	}
+	ch, stop := keySharedConsumers(t, b, topic, opts, len(keys))
+	produceKeyed(t, url, topic, keys, batching)
 
 	var run autoSplitRun
 	owner, last := map[string]int{}, map[string]int{}
@@ -114,8 +139,7 @@ func runAutoSplit(t *testing.T, b *harness.Broker, url, topic string, keys []str
 			t.Fatalf("%s: received %d of %d messages", topic, run.received, len(keys))
 		}
 	}
-	close(done)
-	wg.Wait()
+	stop()
 	run.splitKeys = len(split)
 	entries, err := b.StoredEntries(ctxT(t, time.Minute), topic)
 	if err != nil {
