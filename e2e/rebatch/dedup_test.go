@@ -242,7 +242,7 @@ func dedupTable(cells map[string]map[string]string) string {
 	sb.WriteString("Key-based batching producers, broker de-duplication on, 2,000 messages over 50 keys each, against Apache Pulsar 4.0.8. " +
 		"pass: every send acknowledged, every message stored exactly once and received once through the same path, and, under properties " +
 		"and buckets, every entry one property group or one bucket. Clients whose key-based batcher loses data directly (their batches reach " +
-		"the broker out of sequence-id order) are checked for no duplicates and every send answered; why a client is not run is in dedup_test.go.\n\n")
+		"the broker out of sequence-id order) are checked for no duplicates and every send answered (unless the client gives up, as it also does directly); why a client is not run is in dedup_test.go.\n\n")
 	sb.WriteString("| client | " + strings.Join(dedupPaths, " | ") + " |\n|---|" + strings.Repeat("---|", len(dedupPaths)) + "\n")
 	for _, name := range keyBasedClients {
 		row := []string{name}
