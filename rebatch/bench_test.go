@@ -9,18 +9,29 @@ import (
 )
 
 // BenchmarkCoalesceClientBatches measures the engine on client batches of 100 messages of 100
-// bytes: split, merge into entries of 1,000, acknowledge, release receipts.
+// bytes: split, merge into entries of 1,000, acknowledge, release receipts. "mixed-keys" has 100
+// keys per batch merged across keys (split_keys: false); "one-key" has one key throughout under
+// the default split_keys, which pays for classifying every message by its Key_Shared hash.
 func BenchmarkCoalesceClientBatches(b *testing.B) {
+	b.Run("mixed-keys", func(b *testing.B) {
+		benchCoalesce(b, Policy{Kind: Coalesce, SplitKeys: mixKeys}, func(i int) string { return fmt.Sprintf("k%d", i) })
+	})
+	b.Run("one-key", func(b *testing.B) {
+		benchCoalesce(b, Policy{Kind: Coalesce}, func(int) string { return "k" })
+	})
+}
+
+func benchCoalesce(b *testing.B, pol Policy, key func(i int) string) {
 	const perSend = 100
 	var frames [][]byte
 	for s := 0; s < 10; s++ {
 		var msgs []msg
 		for i := 0; i < perSend; i++ {
-			msgs = append(msgs, msg{key: fmt.Sprintf("k%d", i), payload: string(make([]byte, 100)), seq: uint64(s*perSend + i)})
+			msgs = append(msgs, msg{key: key(i), payload: string(make([]byte, 100)), seq: uint64(s*perSend + i)})
 		}
 		frames = append(frames, clientBatch(b, msgs, pulsarpb.CompressionType_NONE, nil))
 	}
-	p := newEngine(b, Policy{Kind: Coalesce}, -1)
+	p := newEngine(b, pol, -1)
 	var out Output
 	seq := uint64(0)
 	b.ReportAllocs()

@@ -10,7 +10,8 @@
 // # Policies
 //
 //   - coalesce: consecutive messages of the producer share an entry until max messages, max
-//     bytes (never above the broker's max_message_size) or max delay.
+//     bytes (never above the broker's max_message_size) or max delay, and (split_keys, the
+//     default) while their Key_Shared routing stays the same.
 //   - properties (PIP-191): as coalesce, and a message whose restricted properties differ from
 //     the open batch's flushes it first. Restricted properties are key -> allowed values (an
 //     empty list admits any value); a message's group is the set of its restricted keys whose
@@ -26,17 +27,21 @@
 //     does not (DESIGN.md).
 //   - split_keys (Policy.SplitKeys; on by default for coalesce and properties): an entry's keyed
 //     messages share the sticky-key hash the broker's Key_Shared dispatch reads from the entry's
-//     outer key, so no consumer can tell the entry from its messages sent alone; keyless
-//     messages merge only with keyless ones (routing.go).
+//     outer key, so each key reaches the consumer it would reach sent alone; keyless messages
+//     merge only with keyless ones. Keyless messages have no owner, but on Pulsar 4 a broker
+//     spreads keyless messages sent alone by "<producer>-<sequence id>", while a merged entry of
+//     them goes to one consumer (routing.go).
 //   - coalesce with merge_producers: every client producer of a topic on one connection writes
 //     through one shared lane, a proxy-owned broker producer, so synchronous senders are merged
-//     too. See the sequence spaces below for its price.
+//     too (under split_keys, only while their keys route alike). See the sequence spaces below
+//     for its price.
 //
 // Every entry the engine builds is in batch format (num_messages_in_batch set, even for one
 // message) so stamped outer fields never become a message's own fields. A message sent without
 // batching has its own fields (key, ordering key, properties, event time, sequence id, null
-// flags) moved into its SingleMessageMetadata. The outer key is the first message's, as the
-// clients do.
+// flags) moved into its SingleMessageMetadata. The outer key is the first keyed message's, as
+// the clients do; under buckets it is the first message's routing key in ordering_key (the
+// decoded base64 key, the JDK-repaired string key, or the fallback key of a keyless message).
 //
 // Never merged or split, forwarded as the original bytes after the open batch is flushed:
 // chunks, markers, transactional sends, encrypted payloads, delayed delivery, replicated
@@ -64,8 +69,9 @@
 // broker will (lastPushed: moved only by entries the broker will take as new), starting from
 // CommandProducerSuccess.last_sequence_id, and:
 //   - merges whole sends freely, and cuts a send only into pieces it has ids for; a send
-//     needing more pieces than ids (a key-based batcher's batch of one id mixing property
-//     groups) is forwarded as the client built it (Stats.SendsUnsplittable, logged once per
+//     needing more pieces than ids (a batch of one id mixing property groups, or keys under
+//     split_keys: pulsar-client-go before v0.10 mixes keys by default) is forwarded as the client
+//     built it (Stats.SendsUnsplittable, logged once per
 //     producer, metric rebatchproxy_rebatch_sends_as_built_total);
 //   - forwards unchanged a send lying wholly at or below the mark (a resend the broker must
 //     judge itself), and one numbered at or below ids the engine already sent (application ids

@@ -165,6 +165,7 @@ type openBatch struct {
 	sends             []sendCount
 	dup               bool   // holds only messages at or below the lane's de-duplication mark
 	group             []byte // routing class and restricted properties (classify)
+	routeLen          int    // length of group's routing class, as the opening engine built it
 	schema            []byte
 	hasSchema         bool
 	compression       pulsarpb.CompressionType
@@ -566,7 +567,7 @@ func (p *Producer) makeRoom(l *lane, dup bool, group []byte, need, count int, ou
 	case o.dup != dup, !p.sameEntryFields(o):
 		p.stats.FlushGroup++
 	case !bytes.Equal(group, o.group):
-		if p.sameRoute(group, o.group) {
+		if p.sameRoute(group, o) {
 			p.stats.FlushGroup++
 		} else {
 			p.stats.FlushKeys++
@@ -752,6 +753,7 @@ func (p *Producer) add(now time.Time, l *lane, id uint64, m msgRef, pm *planned,
 		o.first = p
 		o.sends = o.sends[:0]
 		o.group = append(o.group[:0], group...)
+		o.routeLen = p.routeLen(group)
 		o.hasSchema = p.md.SchemaVersion != nil
 		o.schema = append(o.schema[:0], p.md.SchemaVersion...)
 		o.compression = p.md.GetCompression()
@@ -843,7 +845,7 @@ func (p *Producer) flush(l *lane, out *Output) error {
 		wire.SetEntryHashRange(md, uint32(o.hashLo), uint32(o.hashHi))
 	}
 	// The group's restricted key/values become the entry's outer properties (PIP-191).
-	for b := p.groupProperties(o.group); len(b) > 0; {
+	for b := o.group[o.routeLen:]; len(b) > 0; {
 		i, n := binary.Uvarint(b)
 		b = b[n:]
 		ln, n := binary.Uvarint(b)

@@ -86,25 +86,24 @@ func (p *Producer) classify(m msgRef, pm *planned) {
 	pm.group = len(p.arena)
 }
 
-// groupProperties returns the restricted-properties part of a group, without the routing
-// class KeysApart puts first.
-func (p *Producer) groupProperties(group []byte) []byte {
-	if !p.cfg.Policy.KeysApart() || len(group) == 0 {
-		return group
+// routeLen is the length of the routing class at the start of a group classify built under
+// this engine's policy (0 without KeysApart). The open batch keeps the value of the engine
+// that opened it: on a shared lane, engines made before and after a SIGHUP may disagree.
+func (p *Producer) routeLen(group []byte) int {
+	switch {
+	case !p.cfg.Policy.KeysApart() || len(group) == 0:
+		return 0
+	case group[0] == 1:
+		return 5
 	}
-	if group[0] == 1 {
-		return group[5:]
-	}
-	return group[1:]
+	return 1
 }
 
-// sameRoute reports whether two groups have the same routing class (always, without
-// KeysApart).
-func (p *Producer) sameRoute(a, b []byte) bool {
-	if !p.cfg.Policy.KeysApart() || len(a) == 0 || len(b) == 0 {
-		return true
-	}
-	return len(a) >= 5 && len(b) >= 5 && a[0] == 1 && b[0] == 1 && string(a[1:5]) == string(b[1:5]) || a[0] == 0 && b[0] == 0
+// sameRoute reports whether a message's group (from this engine) and an open batch's have the
+// same routing class.
+func (p *Producer) sameRoute(group []byte, o *openBatch) bool {
+	n := p.routeLen(group)
+	return n == o.routeLen && string(group[:n]) == string(o.group[:n])
 }
 
 // nonNil keeps a present but empty key present: a nil slice would drop the field.

@@ -95,3 +95,42 @@ func TestSharedLaneMergesProducersAndReceiptsEachInOrder(t *testing.T) {
 		t.Fatalf("the shared lane's ids leaked into the client's last_sequence_id: %d", a.LastSequenceID())
 	}
 }
+
+// Given two client producers sharing one lane, one made before a SIGHUP turned split_keys off
+// and one after,
+// when the first opens a batch with a keyed message and the second's Flush sends it,
+// then the entry is built from the opening engine's group layout: no outer properties are
+// decoded from the routing class, and nothing panics.
+func TestSharedLaneBatchKeepsItsOpenersGroupLayout(t *testing.T) {
+	sl := NewSharedLane("shared")
+	mk := func(id uint64, name string, pol Policy) *Producer {
+		pol.MergeProducers, pol.HoldWhenIdle = true, true
+		p, err := NewProducer(Config{Policy: pol, ProducerID: id, ProducerName: name, LastSequenceID: -1, Shared: sl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	before, after := mk(pid, "a", Policy{Kind: Coalesce}), mk(pid+1, "b", Policy{Kind: Coalesce, SplitKeys: mixKeys})
+	var out Output
+	next := uint64(100)
+	for _, p := range []*Producer{before, after} {
+		if err := p.OpenLanes("t", nil, func() uint64 { next++; return next }, &out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var cmd pulsarpb.BaseCommand
+	_ = wire.DecodeCommand(frames(t, out.Broker)[0], &cmd)
+	before.LaneOpened(cmd.GetProducer().GetRequestId(), -1)
+	out = Output{}
+	if err := before.Send(t0, frame(t, clientSingle(t, msg{key: "k", payload: "x", seq: 0})), &out); err != nil {
+		t.Fatal(err)
+	}
+	if err := after.Flush(&out); err != nil {
+		t.Fatal(err)
+	}
+	entries := decodeEntries(t, out.Broker)
+	if len(entries) != 1 || len(entries[0].msgs) != 1 || len(entries[0].md.Properties) != 0 {
+		t.Fatalf("entries %+v", entries)
+	}
+}

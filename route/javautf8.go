@@ -12,8 +12,8 @@ import "unicode/utf8"
 // replacement is U+FFFD in UTF-8.
 const replacement = "\uFFFD"
 
-// javaUTF8 returns the bytes the broker hashes for a string key. It allocates only for
-// invalid UTF-8. Any goroutine may call it.
+// javaUTF8 returns the bytes the broker hashes for a string key, in a new slice. Any goroutine
+// may call it.
 func javaUTF8(s string) []byte {
 	if utf8.ValidString(s) {
 		return []byte(s)
