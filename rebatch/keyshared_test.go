@@ -1,6 +1,7 @@
 package rebatch
 
 import (
+	"bytes"
 	"encoding/base64"
 	"fmt"
 	"math/rand/v2"
@@ -233,5 +234,37 @@ func TestBucketEntriesRouteToTheBucketOfEachMessage(t *testing.T) {
 	}
 	if len(keyless) < 4 {
 		t.Fatalf("keyless messages reached only buckets %v: not spread", keyless)
+	}
+}
+
+// Given engines under coalesce (split_keys) and buckets, warmed up,
+// when they classify messages with every kind of key (UTF-8, base64, invalid UTF-8, bad
+// base64, ordering key, keyless),
+// then classifying allocates nothing (DESIGN.md: no per-message allocation in steady state).
+func TestClassifyDoesNotAllocate(t *testing.T) {
+	bucketsEngine, _ := openBuckets(t, 4, nil)
+	for _, p := range []*Producer{newEngine(t, Policy{Kind: Coalesce}, -1), bucketsEngine} {
+		str := func(s string) *string { return &s }
+		var msgs []msgRef
+		for i, k := range []keyedMsg{{partitionKey: str("k")}, {partitionKey: str("AAEC/w=="), b64: true}, {partitionKey: str("\xff\xe2\x82")},
+			{partitionKey: str("!!"), b64: true}, {orderingKey: []byte{1, 2}}, {}} {
+			k.seq = uint64(i)
+			f := frame(t, keyedSend(t, []keyedMsg{k}, false))
+			it := batch.NewIterator(f.Payload(), 1)
+			for it.Next() {
+				msgs = append(msgs, msgRef{smm: bytes.Clone(it.Message().Metadata), payload: bytes.Clone(it.Message().Payload), seq: k.seq})
+			}
+		}
+		step := func() {
+			for _, m := range msgs {
+				p.arena = p.arena[:0]
+				var pm planned
+				p.classify(m, &pm)
+			}
+		}
+		step()
+		if n := testing.AllocsPerRun(200, step); n != 0 {
+			t.Errorf("%s: %v allocations per %d messages classified", p.cfg.Policy.Kind, n, len(msgs))
+		}
 	}
 }

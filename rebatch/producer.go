@@ -240,6 +240,7 @@ type Producer struct {
 	groupKV   []byte
 	groupVals [][]byte
 	fallback  []byte // routeOf's Pulsar 4 fallback key
+	keyBuf    []byte // routeOf's decoded partition key
 	plan      []planned
 	pieces    []piece
 	arena     []byte

@@ -43,8 +43,12 @@ func (p *Producer) routeOf(m msgRef) (key []byte, keyed bool) {
 	case meta.HasPartitionKey && !meta.PartitionKeyB64Encoded && utf8.Valid(meta.PartitionKey):
 		return nonNil(meta.PartitionKey), true
 	case meta.HasPartitionKey:
-		return route.StickyKey(route.KeyFields{PartitionKey: string(meta.PartitionKey), HasPartitionKey: true,
-			PartitionKeyB64: meta.PartitionKeyB64Encoded}), true
+		// Base64 (Java's keyBytes) or invalid UTF-8, decoded into scratch space.
+		var err error
+		if p.keyBuf, err = route.AppendPartitionKey(p.keyBuf[:0], meta.PartitionKey, meta.PartitionKeyB64Encoded); err != nil {
+			return noneKey, true // the broker logs the bad base64 and hashes NONE_KEY
+		}
+		return nonNil(p.keyBuf), true
 	}
 	if p.ring == nil {
 		return nil, false
@@ -105,6 +109,9 @@ func (p *Producer) sameRoute(group []byte, o *openBatch) bool {
 	n := p.routeLen(group)
 	return n == o.routeLen && string(group[:n]) == string(o.group[:n])
 }
+
+// noneKey is the broker's key of last resort (Commands.NONE_KEY).
+var noneKey = []byte("NONE_KEY")
 
 // nonNil keeps a present but empty key present: a nil slice would drop the field.
 func nonNil(b []byte) []byte {

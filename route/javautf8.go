@@ -1,6 +1,11 @@
 package route
 
-import "unicode/utf8"
+import (
+	"bytes"
+	"encoding/base64"
+	"slices"
+	"unicode/utf8"
+)
 
 // The broker reads a partition key as a Java String (LightProto decodes the field with
 // new String(bytes, UTF_8)) and hashes String.getBytes(UTF_8). Valid UTF-8 survives that round
@@ -18,22 +23,52 @@ func javaUTF8(s string) []byte {
 	if utf8.ValidString(s) {
 		return []byte(s)
 	}
-	out := make([]byte, 0, len(s)+8)
+	return appendJavaUTF8(make([]byte, 0, len(s)+8), s)
+}
+
+// appendJavaUTF8 appends s as the broker's JDK decodes and re-encodes it.
+func appendJavaUTF8[S ~string | ~[]byte](dst []byte, s S) []byte {
 	for i := 0; i < len(s); {
 		valid, consumed := javaSequence(s[i:])
 		if valid {
-			out = append(out, s[i:i+consumed]...)
+			dst = append(dst, s[i:i+consumed]...)
 		} else {
-			out = append(out, replacement...)
+			dst = append(dst, replacement...)
 		}
 		i += consumed
 	}
-	return out
+	return dst
+}
+
+// AppendPartitionKey appends to dst the bytes the broker hashes for a partition key (the
+// field's raw bytes, flagged base64 or not): base64-decoded as java.util.Base64 decodes, or
+// read as a Java String. A flagged key that does not decode is ErrBadBase64Key (the broker
+// then uses NONE_KEY). It allocates only to grow dst. Any goroutine may call it.
+func AppendPartitionKey(dst, pk []byte, b64 bool) ([]byte, error) {
+	switch {
+	case !b64 && utf8.Valid(pk):
+		return append(dst, pk...), nil
+	case !b64:
+		return appendJavaUTF8(dst, pk), nil
+	case bytes.ContainsAny(pk, "\r\n"):
+		return dst, ErrBadBase64Key
+	}
+	enc := base64.StdEncoding
+	if len(pk)%4 != 0 {
+		enc = base64.RawStdEncoding
+	}
+	n := len(dst)
+	dst = slices.Grow(dst, enc.DecodedLen(len(pk)))
+	m, err := enc.Decode(dst[n:n+enc.DecodedLen(len(pk))], pk)
+	if err != nil {
+		return dst[:n], ErrBadBase64Key
+	}
+	return dst[:n+m], nil
 }
 
 // javaSequence reports whether s starts with a well-formed sequence and how many bytes the
 // JDK's decoder consumes there (for a malformed one: the bytes one U+FFFD replaces).
-func javaSequence(s string) (valid bool, n int) {
+func javaSequence[S ~string | ~[]byte](s S) (valid bool, n int) {
 	b1 := s[0]
 	switch {
 	case b1 < 0x80:
@@ -52,7 +87,7 @@ func javaSequence(s string) (valid bool, n int) {
 }
 
 // javaThree handles a three-byte lead (E0..EF).
-func javaThree(s string) (bool, int) {
+func javaThree[S ~string | ~[]byte](s S) (bool, int) {
 	b1 := s[0]
 	badSecond := func(b2 byte) bool { return (b1 == 0xE0 && b2&0xE0 == 0x80) || !continuation(b2) }
 	if len(s) < 3 {
@@ -74,7 +109,7 @@ func javaThree(s string) (bool, int) {
 }
 
 // javaFour handles a four-byte lead (F0..F7).
-func javaFour(s string) (bool, int) {
+func javaFour[S ~string | ~[]byte](s S) (bool, int) {
 	b1 := s[0]
 	badSecond := func(b2 byte) bool {
 		return b1 > 0xF4 || (b1 == 0xF0 && (b2 < 0x90 || b2 > 0xBF)) || (b1 == 0xF4 && b2&0xF0 != 0x80) || !continuation(b2)

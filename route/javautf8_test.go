@@ -68,3 +68,19 @@ func FuzzJavaUTF8(f *testing.F) {
 		}
 	})
 }
+
+// FuzzAppendPartitionKey checks the allocation-free path the engine uses against MessageKey:
+// the same bytes, or the same refusal of bad base64, for any partition key.
+func FuzzAppendPartitionKey(f *testing.F) {
+	for _, s := range []string{"", "k", "\xff\xe2\x82", "AAEC/w==", "AAEC/w", "AAEC/w=", "AA\nEC", "!!"} {
+		f.Add([]byte(s), false)
+		f.Add([]byte(s), true)
+	}
+	f.Fuzz(func(t *testing.T, pk []byte, b64 bool) {
+		got, err := AppendPartitionKey([]byte("prefix"), pk, b64)
+		want, ok, wantErr := MessageKey(KeyFields{PartitionKey: string(pk), HasPartitionKey: true, PartitionKeyB64: b64})
+		if (err != nil) != (wantErr != nil) || (wantErr == nil && (!ok || string(got) != "prefix"+string(want))) {
+			t.Fatalf("AppendPartitionKey(%q, b64=%v) = %q, %v; MessageKey gives %q, %v", pk, b64, got, err, want, wantErr)
+		}
+	})
+}
