@@ -11,6 +11,7 @@ import (
 
 	"github.com/apache/pulsar-client-go/pulsar"
 
+	"github.com/rebatchproxy/rebatchproxy/e2e/drivers"
 	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
 	"github.com/rebatchproxy/rebatchproxy/rebatch"
 )
@@ -45,7 +46,7 @@ func keySharedKeys(n int) []string {
 }
 
 // delivery is one message a Key_Shared consumer received: which consumer, its key, and its
-// index in the producer's order (payload "m-<i>").
+// index in the producer's order.
 type delivery struct {
 	consumer int
 	key      string
@@ -76,7 +77,12 @@ func keySharedConsumers(t *testing.T, b *harness.Broker, topic string, opts []pu
 			for {
 				select {
 				case m := <-c.Chan():
-					idx, _ := strconv.Atoi(strings.TrimPrefix(string(m.Payload()), "m-"))
+					// The producer's order: payload "m-<i>" (in-process producers) or property
+					// i (the drivers).
+					idx, err := strconv.Atoi(strings.TrimPrefix(string(m.Payload()), "m-"))
+					if v, ok := m.Properties()["i"]; ok || err != nil {
+						idx, _ = strconv.Atoi(v)
+					}
 					ch <- delivery{consumer: i, key: m.Key(), idx: idx}
 					_ = c.Ack(m)
 				case <-done:
@@ -105,7 +111,7 @@ func produceKeyed(t *testing.T, url, topic string, keys []string, batching bool)
 	prod.Close()
 }
 
-// runAutoSplit subscribes consumers default Key_Shared consumers on the broker, produces
+// runAutoSplit subscribes that many default Key_Shared consumers on the broker, produces
 // keys through url (batching or not), and counts what they got and what the broker stored.
 func runAutoSplit(t *testing.T, b *harness.Broker, url, topic string, keys []string, consumers int, batching bool) autoSplitRun {
 	t.Helper()
@@ -116,11 +122,25 @@ func runAutoSplit(t *testing.T, b *harness.Broker, url, topic string, keys []str
 	ch, stop := keySharedConsumers(t, b, topic, opts, len(keys))
 	produceKeyed(t, url, topic, keys, batching)
 
+	run := countAutoSplit(t, ch, len(keys), topic)
+	stop()
+	entries, err := b.StoredEntries(ctxT(t, time.Minute), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run.entries = len(entries)
+	return run
+}
+
+// countAutoSplit reads n deliveries and counts keys seen at more than one consumer and
+// messages of a key received after a later one of that key.
+func countAutoSplit(t *testing.T, ch <-chan delivery, n int, topic string) autoSplitRun {
+	t.Helper()
 	var run autoSplitRun
 	owner, last := map[string]int{}, map[string]int{}
 	split := map[string]bool{}
 	deadline := time.After(2 * time.Minute)
-	for run.received < len(keys) {
+	for run.received < n {
 		select {
 		case g := <-ch:
 			run.received++
@@ -136,16 +156,10 @@ func runAutoSplit(t *testing.T, b *harness.Broker, url, topic string, keys []str
 			}
 			last[g.key] = g.idx
 		case <-deadline:
-			t.Fatalf("%s: received %d of %d messages", topic, run.received, len(keys))
+			t.Fatalf("%s: received %d of %d messages", topic, run.received, n)
 		}
 	}
-	stop()
 	run.splitKeys = len(split)
-	entries, err := b.StoredEntries(ctxT(t, time.Minute), topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	run.entries = len(entries)
 	return run
 }
 
@@ -197,5 +211,72 @@ func TestKeySharedDeliveryUnderRewritingPolicies(t *testing.T) {
 	}
 	if directBatchedSplit == 0 {
 		t.Fatal("direct batched runs split no key: the workload does not exercise mixed-key entries")
+	}
+}
+
+// Given a default Key_Shared subscription (AUTO_SPLIT) of three consumers, and the released
+// Java 4.0.13 and Python 3.13.0 clients producing 2,000 messages over 200 random keys, with
+// their default batching and without,
+// when they send directly and through coalesce and properties (split_keys on, the default),
+// then through the proxy no key reaches more than one consumer and per-key order holds;
+// directly, the clients' batches split keys across consumers (and Java's, here, per-key order).
+func TestKeySharedDeliveryWithReleasedClients(t *testing.T) {
+	b := harness.Default(t)
+	const n, keys = 2000, 200
+	paths := []struct {
+		name string
+		pol  *rebatch.Policy
+	}{
+		{"direct", nil},
+		{"coalesce", &rebatch.Policy{Kind: rebatch.Coalesce, MaxDelay: 5 * time.Millisecond}},
+		{"properties", &rebatch.Policy{Kind: rebatch.Properties, MaxDelay: 5 * time.Millisecond, Restricted: map[string][]string{"region": nil}}},
+	}
+	for _, name := range []string{"java-4.0.13", "python-3.13.0"} {
+		t.Run(name, func(t *testing.T) {
+			d := preparedDriver(t, name)
+			directSplit := 0
+			for _, path := range paths {
+				ns := newNamespace(t, b, "ksd-"+path.name)
+				url := b.ServiceURL
+				if path.pol != nil {
+					url = startProxy(t, b, ns, *path.pol)
+				}
+				for _, batching := range []bool{false, true} {
+					topic := fmt.Sprintf("persistent://%s/b%v", ns, batching)
+					var opts []pulsar.ConsumerOptions
+					for i := 0; i < 3; i++ {
+						opts = append(opts, pulsar.ConsumerOptions{Name: fmt.Sprintf("c%d", i)})
+					}
+					ch, stop := keySharedConsumers(t, b, topic, opts, n)
+					res, err := d.Produce(ctxT(t, 3*time.Minute), drivers.ProduceSpec{URL: url, Topic: topic, Count: n,
+						Batching: drivers.Bool(batching), KeyMode: "random", Keys: keys, Properties: "i={i}", Timeout: 2 * time.Minute})
+					if err != nil {
+						t.Fatalf("%s produce: %v", path.name, err)
+					}
+					if len(res.Acks) != n || len(res.Errors) != 0 {
+						t.Fatalf("%s: %d acks, %d errors for %d messages", path.name, len(res.Acks), len(res.Errors), n)
+					}
+					run := countAutoSplit(t, ch, n, topic)
+					stop()
+					entries, err := b.StoredEntries(ctxT(t, time.Minute), topic)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Logf("%s %-10s batching=%-5v: %d messages in %d entries (%.2f per entry), %d keys at more than one consumer, %d out of key order",
+						name, path.name, batching, run.received, len(entries), float64(run.received)/float64(len(entries)), run.splitKeys, run.outOfOrder)
+					switch {
+					case path.name == "direct":
+						// Directly, mixed-key batches can also break per-key order.
+						directSplit += run.splitKeys
+					case run.splitKeys != 0 || run.outOfOrder != 0:
+						t.Errorf("%s batching=%v: %d keys reached more than one consumer, %d messages out of key order; want 0 and 0",
+							path.name, batching, run.splitKeys, run.outOfOrder)
+					}
+				}
+			}
+			if directSplit == 0 {
+				t.Errorf("%s directly split no key: its batches do not mix keys here, the spec shows nothing", name)
+			}
+		})
 	}
 }
