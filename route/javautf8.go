@@ -17,15 +17,6 @@ import (
 // replacement is U+FFFD in UTF-8.
 const replacement = "\uFFFD"
 
-// javaUTF8 returns the bytes the broker hashes for a string key, in a new slice. Any goroutine
-// may call it.
-func javaUTF8(s string) []byte {
-	if utf8.ValidString(s) {
-		return []byte(s)
-	}
-	return appendJavaUTF8(make([]byte, 0, len(s)+8), s)
-}
-
 // appendJavaUTF8 appends s as the broker's JDK decodes and re-encodes it.
 func appendJavaUTF8[S ~string | ~[]byte](dst []byte, s S) []byte {
 	for i := 0; i < len(s); {
@@ -41,8 +32,9 @@ func appendJavaUTF8[S ~string | ~[]byte](dst []byte, s S) []byte {
 }
 
 // AppendPartitionKey appends to dst the bytes the broker hashes for a partition key (the
-// field's raw bytes, flagged base64 or not): base64-decoded as java.util.Base64 decodes, or
-// read as a Java String. A flagged key that does not decode is ErrBadBase64Key (the broker
+// field's raw bytes, flagged base64 or not): base64-decoded as java.util.Base64.getDecoder()
+// decodes (standard alphabet, padding optional but correct when present, no line breaks,
+// which Go's decoder would skip), or read as a Java String (appendJavaUTF8). A flagged key that does not decode is ErrBadBase64Key (the broker
 // then uses NONE_KEY). It allocates only to grow dst. Any goroutine may call it.
 func AppendPartitionKey(dst, pk []byte, b64 bool) ([]byte, error) {
 	switch {

@@ -2,6 +2,7 @@ package route
 
 import (
 	"bufio"
+	"encoding/base64"
 	"encoding/hex"
 	"os"
 	"strings"
@@ -36,8 +37,8 @@ func TestJavaUTF8MatchesTheJDK(t *testing.T) {
 		if err1 != nil || err2 != nil {
 			t.Fatalf("bad golden line %q", line)
 		}
-		if got := javaUTF8(string(inB)); string(got) != string(wantB) {
-			t.Errorf("javaUTF8(%x) = %x, the JDK gives %x", inB, got, wantB)
+		if got, _ := AppendPartitionKey(nil, inB, false); string(got) != string(wantB) {
+			t.Errorf("AppendPartitionKey(%x) = %x, the JDK gives %x", inB, got, wantB)
 		}
 		cases++
 	}
@@ -56,31 +57,43 @@ func FuzzJavaUTF8(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		got := javaUTF8(s)
+		got := appendJavaUTF8(nil, s)
 		if !utf8.Valid(got) {
-			t.Fatalf("javaUTF8(%q) = %q is not valid UTF-8", s, got)
+			t.Fatalf("appendJavaUTF8(%q) = %q is not valid UTF-8", s, got)
 		}
 		if utf8.ValidString(s) && string(got) != s {
-			t.Fatalf("javaUTF8 changed valid input %q to %q", s, got)
+			t.Fatalf("appendJavaUTF8 changed valid input %q to %q", s, got)
 		}
 		if len(got) > 3*len(s) {
-			t.Fatalf("javaUTF8(%q) grew to %d bytes", s, len(got))
+			t.Fatalf("appendJavaUTF8(%q) grew to %d bytes", s, len(got))
 		}
 	})
 }
 
-// FuzzAppendPartitionKey checks the allocation-free path the engine uses against MessageKey:
-// the same bytes, or the same refusal of bad base64, for any partition key.
+// FuzzAppendPartitionKey checks base64 keys against Go's own encoder: any bytes encoded padded
+// or unpadded decode back to themselves after dst, a line break anywhere is refused (Java's
+// decoder rejects what Go's would skip), and a string key is appended as its Java reading.
 func FuzzAppendPartitionKey(f *testing.F) {
-	for _, s := range []string{"", "k", "\xff\xe2\x82", "AAEC/w==", "AAEC/w", "AAEC/w=", "AA\nEC", "!!"} {
-		f.Add([]byte(s), false)
-		f.Add([]byte(s), true)
+	for _, s := range []string{"", "k", "\xff\xe2\x82", "\x00\x01\x02\xff"} {
+		f.Add([]byte(s))
 	}
-	f.Fuzz(func(t *testing.T, pk []byte, b64 bool) {
-		got, err := AppendPartitionKey([]byte("prefix"), pk, b64)
-		want, ok, wantErr := MessageKey(KeyFields{PartitionKey: string(pk), HasPartitionKey: true, PartitionKeyB64: b64})
-		if (err != nil) != (wantErr != nil) || (wantErr == nil && (!ok || string(got) != "prefix"+string(want))) {
-			t.Fatalf("AppendPartitionKey(%q, b64=%v) = %q, %v; MessageKey gives %q, %v", pk, b64, got, err, want, wantErr)
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding} {
+			pk := []byte(enc.EncodeToString(raw))
+			got, err := AppendPartitionKey([]byte("prefix"), pk, true)
+			if err != nil || string(got) != "prefix"+string(raw) {
+				t.Fatalf("AppendPartitionKey(%q, b64) = %q, %v; want prefix+%q", pk, got, err, raw)
+			}
+			if len(pk) > 0 {
+				broken := append(append(append([]byte{}, pk[:len(pk)/2]...), '\n'), pk[len(pk)/2:]...)
+				if _, err := AppendPartitionKey(nil, broken, true); err == nil {
+					t.Fatalf("AppendPartitionKey(%q, b64) accepted a line break", broken)
+				}
+			}
+		}
+		got, err := AppendPartitionKey([]byte("prefix"), raw, false)
+		if err != nil || string(got) != "prefix"+string(appendJavaUTF8(nil, raw)) {
+			t.Fatalf("AppendPartitionKey(%q) = %q, %v", raw, got, err)
 		}
 	})
 }

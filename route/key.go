@@ -1,10 +1,8 @@
 package route
 
 import (
-	"encoding/base64"
 	"errors"
 	"strconv"
-	"strings"
 )
 
 // KeyFields are the MessageMetadata fields that decide a message's key, as
@@ -35,20 +33,18 @@ var noneKey = []byte("NONE_KEY")
 // MessageKey returns the key hashB is computed from (PIP-486): the ordering key
 // if present, else the partition key (base64-decoded when flagged, else its
 // UTF-8 bytes). ok is false when the message has neither. The returned slice
-// may alias f.OrderingKey; it allocates only to decode base64 or to repair
-// invalid UTF-8. Any goroutine may call it.
+// may alias f.OrderingKey; a partition key is read by AppendPartitionKey into
+// a new slice. Any goroutine may call it.
 func MessageKey(f KeyFields) (key []byte, ok bool, err error) {
 	switch {
 	case f.HasOrderingKey:
 		return f.OrderingKey, true, nil
-	case f.HasPartitionKey && f.PartitionKeyB64:
-		b, err := decodeJavaBase64(f.PartitionKey)
+	case f.HasPartitionKey:
+		b, err := AppendPartitionKey(nil, []byte(f.PartitionKey), f.PartitionKeyB64)
 		if err != nil {
 			return nil, false, err
 		}
 		return b, true, nil
-	case f.HasPartitionKey:
-		return javaUTF8(f.PartitionKey), true, nil
 	}
 	return nil, false, nil
 }
@@ -71,24 +67,6 @@ func StickyKey(f KeyFields) []byte {
 		return []byte(f.ProducerName + "-" + strconv.FormatInt(int64(f.SequenceID), 10))
 	}
 	return noneKey
-}
-
-// decodeJavaBase64 decodes like java.util.Base64.getDecoder(): the standard
-// alphabet, padding optional but correct when present, and no line breaks.
-// Go's StdEncoding skips '\r' and '\n', which Java rejects, hence the check.
-func decodeJavaBase64(s string) ([]byte, error) {
-	if strings.ContainsAny(s, "\r\n") {
-		return nil, ErrBadBase64Key
-	}
-	enc := base64.StdEncoding
-	if len(s)%4 != 0 {
-		enc = base64.RawStdEncoding
-	}
-	b, err := enc.DecodeString(s)
-	if err != nil {
-		return nil, ErrBadBase64Key
-	}
-	return b, nil
 }
 
 // HashB is PIP-486's hashB: the low 16 bits of Murmur3 x86_32 (seed 0) of the
