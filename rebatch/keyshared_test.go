@@ -237,13 +237,14 @@ func TestBucketEntriesRouteToTheBucketOfEachMessage(t *testing.T) {
 	}
 }
 
-// Given engines under coalesce (split_keys) and buckets, warmed up,
+// Given engines under coalesce and properties (split_keys) and buckets, warmed up,
 // when they classify messages with every kind of key (UTF-8, base64, invalid UTF-8, bad
 // base64, ordering key, keyless),
 // then classifying allocates nothing (DESIGN.md: no per-message allocation in steady state).
 func TestClassifyDoesNotAllocate(t *testing.T) {
 	bucketsEngine, _ := openBuckets(t, 4, nil)
-	for _, p := range []*Producer{newEngine(t, Policy{Kind: Coalesce}, -1), bucketsEngine} {
+	properties := newEngine(t, Policy{Kind: Properties, Restricted: map[string][]string{"region": nil}}, -1)
+	for _, p := range []*Producer{newEngine(t, Policy{Kind: Coalesce}, -1), properties, bucketsEngine} {
 		str := func(s string) *string { return &s }
 		var msgs []msgRef
 		for i, k := range []keyedMsg{{partitionKey: str("k")}, {partitionKey: str("AAEC/w=="), b64: true}, {partitionKey: str("\xff\xe2\x82")},

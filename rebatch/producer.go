@@ -705,16 +705,12 @@ func (p *Producer) sameEntryFields(o *openBatch) bool {
 	return o.hasSchema == (p.md.SchemaVersion != nil) && bytes.Equal(o.schema, p.md.SchemaVersion)
 }
 
-// groupOf returns the encoded restricted properties of a message: for each restricted key in
-// sorted order whose value the policy admits, the key and value, length-prefixed. Under
-// coalesce every message is in the nil group. The result aliases scratch space until the next
-// call.
-func (p *Producer) groupOf(smm []byte) []byte {
+// groupOf returns the encoded restricted properties of a message, from its parsed metadata:
+// for each restricted key in sorted order whose value the policy admits, the key and value,
+// length-prefixed. Under coalesce every message is in the nil group. The result aliases
+// scratch space until the next call.
+func (p *Producer) groupOf(meta *batch.SingleMeta) []byte {
 	if p.cfg.Policy.Kind != Properties {
-		return nil
-	}
-	meta, err := batch.ParseSingleMeta(smm)
-	if err != nil {
 		return nil
 	}
 	vals := p.groupVals[:0]

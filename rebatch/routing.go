@@ -30,13 +30,13 @@ import (
 //     messages over the buckets as the broker spreads them.
 
 // routeOf returns the bytes the broker hashes to dispatch a message sent alone, and whether
-// the message has a key of its own. Keyless messages get the Pulsar 4 fallback key only under
+// the message has a key of its own; meta is its parsed metadata, nil if unreadable. Keyless
+// messages get the Pulsar 4 fallback key only under
 // buckets (where it picks the bucket); elsewhere key is nil for them. The key aliases the
 // message or scratch space until the next call.
-func (p *Producer) routeOf(m msgRef) (key []byte, keyed bool) {
-	meta, err := batch.ParseSingleMeta(m.smm)
+func (p *Producer) routeOf(meta *batch.SingleMeta, seq uint64) (key []byte, keyed bool) {
 	switch {
-	case err != nil:
+	case meta == nil:
 		// Unreadable metadata: the broker's peekStickyKey falls back to NONE_KEY too.
 	case meta.HasOrderingKey:
 		return nonNil(meta.OrderingKey), true
@@ -55,7 +55,7 @@ func (p *Producer) routeOf(m msgRef) (key []byte, keyed bool) {
 	}
 	// route.StickyKey's fallback, built in scratch space: keyless sends are the common case.
 	p.fallback = append(append(p.fallback[:0], p.cfg.ProducerName...), '-')
-	p.fallback = strconv.AppendInt(p.fallback, int64(m.seq), 10)
+	p.fallback = strconv.AppendInt(p.fallback, int64(seq), 10)
 	return p.fallback, false
 }
 
@@ -65,8 +65,15 @@ func (p *Producer) routeOf(m msgRef) (key []byte, keyed bool) {
 // endian, for keyed), then the restricted properties (groupOf).
 func (p *Producer) classify(m msgRef, pm *planned) {
 	apart := p.cfg.Policy.KeysApart()
+	var meta *batch.SingleMeta
+	if p.ring != nil || apart || p.cfg.Policy.Kind == Properties {
+		// Parsed once for the routing key and the restricted properties.
+		if mm, err := batch.ParseSingleMeta(m.smm); err == nil {
+			meta = &mm
+		}
+	}
 	if p.ring != nil || apart {
-		key, keyed := p.routeOf(m)
+		key, keyed := p.routeOf(meta, m.seq)
 		if p.ring != nil {
 			pm.hash, pm.hasHash = route.HashB(key), true
 			pm.lane = 1 + p.ring.Bucket(pm.hash)
@@ -86,7 +93,9 @@ func (p *Producer) classify(m msgRef, pm *planned) {
 	} else {
 		pm.groupLo = len(p.arena)
 	}
-	p.arena = append(p.arena, p.groupOf(m.smm)...)
+	if meta != nil {
+		p.arena = append(p.arena, p.groupOf(meta)...)
+	}
 	pm.group = len(p.arena)
 }
 
