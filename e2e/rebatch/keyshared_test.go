@@ -45,6 +45,44 @@ func keySharedKeys(n int) []string {
 	return keys
 }
 
+// keySharedPath is a way producers reach the broker in the Key_Shared specs: directly (nil
+// policy) or through the proxy under a policy.
+type keySharedPath struct {
+	name string
+	pol  *rebatch.Policy
+}
+
+// keySharedPaths are direct and passthrough (the controls) and the two policies whose
+// split_keys default keeps keys apart.
+var keySharedPaths = []keySharedPath{
+	{"direct", nil},
+	{"passthrough", &rebatch.Policy{Kind: rebatch.Passthrough}},
+	{"coalesce", &rebatch.Policy{Kind: rebatch.Coalesce, MaxDelay: 5 * time.Millisecond}},
+	{"properties", &rebatch.Policy{Kind: rebatch.Properties, MaxDelay: 5 * time.Millisecond, Restricted: map[string][]string{"region": nil}}},
+}
+
+// rewrites reports whether the path builds entries itself (and so must keep keys apart).
+func (p keySharedPath) rewrites() bool { return p.pol != nil && p.pol.Kind != rebatch.Passthrough }
+
+// open makes a fresh namespace for the path and returns it with the URL producers use.
+func (p keySharedPath) open(t *testing.T, b *harness.Broker, prefix string) (ns, url string) {
+	t.Helper()
+	ns = newNamespace(t, b, prefix+"-"+p.name)
+	if p.pol == nil {
+		return ns, b.ServiceURL
+	}
+	return ns, startProxy(t, b, ns, *p.pol)
+}
+
+// defaultConsumers are n Key_Shared consumers with default settings (AUTO_SPLIT), named c0...
+func defaultConsumers(n int) []pulsar.ConsumerOptions {
+	opts := make([]pulsar.ConsumerOptions, n)
+	for i := range opts {
+		opts[i].Name = fmt.Sprintf("c%d", i)
+	}
+	return opts
+}
+
 // delivery is one message a Key_Shared consumer received: which consumer, its key, and its
 // index in the producer's order.
 type delivery struct {
@@ -115,11 +153,7 @@ func produceKeyed(t *testing.T, url, topic string, keys []string, batching bool)
 // keys through url (batching or not), and counts what they got and what the broker stored.
 func runAutoSplit(t *testing.T, b *harness.Broker, url, topic string, keys []string, consumers int, batching bool) autoSplitRun {
 	t.Helper()
-	var opts []pulsar.ConsumerOptions
-	for i := 0; i < consumers; i++ {
-		opts = append(opts, pulsar.ConsumerOptions{Name: fmt.Sprintf("c%d", i)})
-	}
-	ch, stop := keySharedConsumers(t, b, topic, opts, len(keys))
+	ch, stop := keySharedConsumers(t, b, topic, defaultConsumers(consumers), len(keys))
 	produceKeyed(t, url, topic, keys, batching)
 
 	run := countAutoSplit(t, ch, len(keys), topic)
@@ -173,22 +207,9 @@ func countAutoSplit(t *testing.T, ch <-chan delivery, n int, topic string) autoS
 func TestKeySharedDeliveryUnderRewritingPolicies(t *testing.T) {
 	b := harness.Default(t)
 	keys := keySharedKeys(3000)
-	paths := []struct {
-		name string
-		pol  *rebatch.Policy
-	}{
-		{"direct", nil},
-		{"passthrough", &rebatch.Policy{Kind: rebatch.Passthrough}},
-		{"coalesce", &rebatch.Policy{Kind: rebatch.Coalesce, MaxDelay: 5 * time.Millisecond}},
-		{"properties", &rebatch.Policy{Kind: rebatch.Properties, MaxDelay: 5 * time.Millisecond, Restricted: map[string][]string{"region": nil}}},
-	}
 	directBatchedSplit := 0
-	for _, path := range paths {
-		ns := newNamespace(t, b, "ks-"+path.name)
-		url := b.ServiceURL
-		if path.pol != nil {
-			url = startProxy(t, b, ns, *path.pol)
-		}
+	for _, path := range keySharedPaths {
+		ns, url := path.open(t, b, "ks")
 		for _, batching := range []bool{false, true} {
 			for _, consumers := range []int{2, 3} {
 				topic := fmt.Sprintf("persistent://%s/b%v-c%d", ns, batching, consumers)
@@ -201,7 +222,7 @@ func TestKeySharedDeliveryUnderRewritingPolicies(t *testing.T) {
 				switch {
 				case path.name == "direct" && batching:
 					directBatchedSplit += run.splitKeys
-				case path.name == "coalesce" || path.name == "properties" || !batching:
+				case path.rewrites() || !batching:
 					if run.splitKeys != 0 {
 						t.Errorf("%s batching=%v consumers=%d: %d keys reached more than one consumer, want 0", path.name, batching, consumers, run.splitKeys)
 					}
@@ -217,37 +238,23 @@ func TestKeySharedDeliveryUnderRewritingPolicies(t *testing.T) {
 // Given a default Key_Shared subscription (AUTO_SPLIT) of three consumers, and the released
 // Java 4.0.13 and Python 3.13.0 clients producing 2,000 messages over 200 random keys, with
 // their default batching and without,
-// when they send directly and through coalesce and properties (split_keys on, the default),
+// when they send directly and through passthrough, coalesce and properties (split_keys on, the
+// default),
 // then through the proxy no key reaches more than one consumer and per-key order holds;
-// directly, the clients' batches split keys across consumers (and Java's, here, per-key order).
+// directly and passed through, the clients' batches split keys across consumers (and Java's,
+// here, per-key order).
 func TestKeySharedDeliveryWithReleasedClients(t *testing.T) {
 	b := harness.Default(t)
 	const n, keys = 2000, 200
-	paths := []struct {
-		name string
-		pol  *rebatch.Policy
-	}{
-		{"direct", nil},
-		{"coalesce", &rebatch.Policy{Kind: rebatch.Coalesce, MaxDelay: 5 * time.Millisecond}},
-		{"properties", &rebatch.Policy{Kind: rebatch.Properties, MaxDelay: 5 * time.Millisecond, Restricted: map[string][]string{"region": nil}}},
-	}
 	for _, name := range []string{"java-4.0.13", "python-3.13.0"} {
 		t.Run(name, func(t *testing.T) {
 			d := preparedDriver(t, name)
 			directSplit := 0
-			for _, path := range paths {
-				ns := newNamespace(t, b, "ksd-"+path.name)
-				url := b.ServiceURL
-				if path.pol != nil {
-					url = startProxy(t, b, ns, *path.pol)
-				}
+			for _, path := range keySharedPaths {
+				ns, url := path.open(t, b, "ksd")
 				for _, batching := range []bool{false, true} {
 					topic := fmt.Sprintf("persistent://%s/b%v", ns, batching)
-					var opts []pulsar.ConsumerOptions
-					for i := 0; i < 3; i++ {
-						opts = append(opts, pulsar.ConsumerOptions{Name: fmt.Sprintf("c%d", i)})
-					}
-					ch, stop := keySharedConsumers(t, b, topic, opts, n)
+					ch, stop := keySharedConsumers(t, b, topic, defaultConsumers(3), n)
 					res, err := d.Produce(ctxT(t, 3*time.Minute), drivers.ProduceSpec{URL: url, Topic: topic, Count: n,
 						Batching: drivers.Bool(batching), KeyMode: "random", Keys: keys, Properties: "i={i}", Timeout: 2 * time.Minute})
 					if err != nil {
@@ -265,8 +272,9 @@ func TestKeySharedDeliveryWithReleasedClients(t *testing.T) {
 					t.Logf("%s %-10s batching=%-5v: %d messages in %d entries (%.2f per entry), %d keys at more than one consumer, %d out of key order",
 						name, path.name, batching, run.received, len(entries), float64(run.received)/float64(len(entries)), run.splitKeys, run.outOfOrder)
 					switch {
-					case path.name == "direct":
-						// Directly, mixed-key batches can also break per-key order.
+					case !path.rewrites():
+						// Directly (and passed through), mixed-key batches can also break
+						// per-key order.
 						directSplit += run.splitKeys
 					case run.splitKeys != 0 || run.outOfOrder != 0:
 						t.Errorf("%s batching=%v: %d keys reached more than one consumer, %d messages out of key order; want 0 and 0",
