@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rebatchproxy/rebatchproxy/keyshared"
 	"github.com/rebatchproxy/rebatchproxy/wire"
 )
 
@@ -115,6 +116,17 @@ type Config struct {
 	// WebTimeout bounds one web request, redirects followed included.
 	WebTimeout time.Duration
 
+	// ManagedKeyShared, when set, names the topics whose unaligned Key_Shared subscriptions
+	// the proxy manages (keyshared.go): it returns the topic's bucket ring, or nil for a topic
+	// left alone. Called on event loops for each Key_Shared SUBSCRIBE.
+	ManagedKeyShared func(topic string) keyshared.Ring
+	// HandoffTimeout bounds how long a managed Key_Shared consumer being released may take to
+	// acknowledge what it was sent before the proxy closes it anyway (keyshared contract 3).
+	HandoffTimeout time.Duration
+	// KeySharedAwayTimeout is how long a released consumer keeps its place (keyshared
+	// contract 4).
+	KeySharedAwayTimeout time.Duration
+
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 	// ProducerPaths builds the producer-path handler of each connection;
@@ -141,6 +153,8 @@ func DefaultConfig() Config {
 		DrainTimeout:         30 * time.Second,
 		ReadBufferCap:        256 << 10,
 		WebTimeout:           60 * time.Second,
+		HandoffTimeout:       10 * time.Second,
+		KeySharedAwayTimeout: 10 * time.Second,
 	}
 }
 
@@ -202,6 +216,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("web-listen / web-tls-listen: needs broker-web-url")
 	case c.WebTimeout <= 0:
 		return fmt.Errorf("web-timeout: must be > 0")
+	case c.HandoffTimeout <= 0:
+		return fmt.Errorf("key-shared-handoff-timeout: must be > 0")
+	case c.KeySharedAwayTimeout <= 0:
+		return fmt.Errorf("key-shared-away-timeout: must be > 0")
 	case !c.BrokerTLS && (c.BrokerTLSTrustCertsFile != "" || c.BrokerTLSCertFile != ""):
 		return fmt.Errorf("broker-tls-trust-certs / broker-tls-cert: given without pulsar+ssl:// broker URLs")
 	case (c.BrokerTLSCertFile == "") != (c.BrokerTLSKeyFile == ""):

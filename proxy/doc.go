@@ -61,8 +61,12 @@
 //     bounded (oldest forgotten first).
 //  3. Transparency. Every frame but LOOKUP_RESPONSE is forwarded as its
 //     original bytes, in order, both ways; contiguous frames go out in one
-//     write. The proxy never sends a client a command type the client did
-//     not ask for: its own frames are ERROR answering CONNECT,
+//     write. Exceptions are the producer path's (rebatch) and managed
+//     Key_Shared subscriptions' (keyshared.go: a held and rewritten SUBSCRIBE,
+//     withheld FLOW, MESSAGE dropped for a consumer being closed, the proxy's
+//     CLOSE_CONSUMER to broker and client). The proxy never sends a client a
+//     command type the client did not ask for, but for that CLOSE_CONSUMER,
+//     which brokers send too: its own frames are ERROR answering CONNECT,
 //     LOOKUP_RESPONSE / PARTITIONED_METADATA_RESPONSE answering a request
 //     refused by the concurrency bound (TooManyRequests), and the
 //     LOOKUP_RESPONSE ending a followed redirect chain (contract 1).

@@ -126,6 +126,20 @@ const (
 
 var webResults = [...]string{"forwarded", "refused", "broker_error"}
 
+// Managed Key_Shared events (rebatchproxy_keyshared_events_total), by index.
+const (
+	ksGrant = iota
+	ksRelease
+	ksDrained
+	ksDrainTimeout
+	ksRefused
+	ksRetry
+	ksDropped
+	ksBrokerClosed
+)
+
+var ksEvents = [...]string{"grant", "release", "drained", "drain_timeout", "refused", "subscribe_retry", "message_dropped", "broker_closed"}
+
 // metrics holds every counter of a Server. All fields are updated with
 // atomics from event loops and read by Collect on the HTTP goroutine.
 type metrics struct {
@@ -147,6 +161,8 @@ type metrics struct {
 	panics               atomic.Uint64
 	tlsHandshakeFailures atomic.Uint64
 	web                  [len(webResults)]atomic.Uint64
+	keyShared            [len(ksEvents)]atomic.Uint64
+	descKeyShared        *prometheus.Desc
 	descWeb              *prometheus.Desc
 	descTLSFailures      *prometheus.Desc
 	knownBrokers         func() int
@@ -192,6 +208,11 @@ func newMetrics() *metrics {
 			"Connections to the TLS listener closed because their TLS handshake failed (plaintext, untrusted or missing client certificate, timeout).", nil, nil),
 		descWeb: prometheus.NewDesc("rebatchproxy_web_requests_total",
 			"Web port requests: forwarded to a broker, refused by the proxy (a path it does not forward, a body too large), or failed towards the brokers (unreachable, a redirect not followed).", []string{"result"}, nil),
+		descKeyShared: prometheus.NewDesc("rebatchproxy_keyshared_events_total",
+			"Proxy-managed Key_Shared subscriptions (buckets policy): buckets granted to a consumer (grant), consumers released for a rebalance (release) "+
+				"after acknowledging everything they were sent (drained) or when key-shared-handoff-timeout passed first (drain_timeout: the broker redelivers what was unacknowledged), "+
+				"consumers refused for want of a bucket (refused), subscribes retried after the broker refused overlapping ranges (subscribe_retry), "+
+				"messages the broker sent a consumer already being closed, dropped for the broker to redeliver (message_dropped), and consumers the broker closed itself (broker_closed).", []string{"event"}, nil),
 		descKnown: prometheus.NewDesc("rebatchproxy_known_brokers",
 			"Broker addresses a data connection may target (configured plus learned).", nil, nil),
 		descPanics: prometheus.NewDesc("rebatchproxy_internal_errors_total",
@@ -214,7 +235,7 @@ func (m *metrics) countFrame(shard uint32, d direction, t pulsarpb.BaseCommand_T
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.descConnsOpen, m.descConnsTotal, m.descFrames, m.descBytes,
 		m.descCloses, m.descLookups, m.descFlight, m.descPauses, m.descKnown, m.descPanics,
-		m.descParks, m.descParked, m.descHeld, m.descBudget, m.descTLSFailures, m.descWeb} {
+		m.descParks, m.descParked, m.descHeld, m.descBudget, m.descTLSFailures, m.descWeb, m.descKeyShared} {
 		ch <- d
 	}
 }
@@ -259,6 +280,9 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.descTLSFailures, prometheus.CounterValue, float64(m.tlsHandshakeFailures.Load()))
 	for i, r := range webResults {
 		ch <- prometheus.MustNewConstMetric(m.descWeb, prometheus.CounterValue, float64(m.web[i].Load()), r)
+	}
+	for i, e := range ksEvents {
+		ch <- prometheus.MustNewConstMetric(m.descKeyShared, prometheus.CounterValue, float64(m.keyShared[i].Load()), e)
 	}
 	ch <- prometheus.MustNewConstMetric(m.descBudget, prometheus.GaugeValue, float64(m.budget))
 	if m.held != nil {

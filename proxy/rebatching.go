@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rebatchproxy/rebatchproxy/chunkdedup"
+	"github.com/rebatchproxy/rebatchproxy/keyshared"
 	"github.com/rebatchproxy/rebatchproxy/rebatch"
 	"github.com/rebatchproxy/rebatchproxy/route"
 	"github.com/rebatchproxy/rebatchproxy/wire"
@@ -45,6 +46,20 @@ func (p *Policies) Lookup(topic string) rebatch.Policy {
 		}
 	}
 	return rebatch.Policy{Kind: rebatch.Passthrough}
+}
+
+// ManagedKeyShared is Config.ManagedKeyShared for this table: the bucket ring of a topic whose
+// rule manages its Key_Shared subscriptions (rebatch.Policy.ManagesKeyShared), else nil. A
+// subscription takes the table current when its first consumer subscribes.
+func (p *Policies) ManagedKeyShared(topic string) keyshared.Ring {
+	pol := p.Lookup(topic)
+	if !pol.ManagesKeyShared() {
+		return nil
+	}
+	if pol.Ring() == nil && pol.Validate() != nil { // a table built without validation (tests)
+		return nil
+	}
+	return pol.Ring()
 }
 
 // RebatchMetrics are the producer-path metrics of the rewriting policies.

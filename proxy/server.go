@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rebatchproxy/rebatchproxy/chunkdedup"
+	"github.com/rebatchproxy/rebatchproxy/keyshared"
 )
 
 // Server is the proxy: one gnet engine serving clients, with each client's
@@ -35,6 +36,8 @@ type Server struct {
 	log   *slog.Logger
 	m     *metrics
 	known *knownBrokers
+	// ks manages the Key_Shared subscriptions Config.ManagedKeyShared claims; nil if none.
+	ks *keyshared.Manager
 
 	eng      gnet.Engine
 	engMu    sync.Mutex
@@ -93,6 +96,9 @@ func New(cfg Config) (*Server, error) {
 		booted: make(chan struct{}),
 	}
 	s.m.knownBrokers = s.known.count
+	if cfg.ManagedKeyShared != nil {
+		s.ks = keyshared.NewManager(keyshared.Config{AwayTimeout: cfg.KeySharedAwayTimeout, Log: s.log})
+	}
 	if cfg.BrokerTLS {
 		bt, err := loadBrokerTLS(&s.cfg)
 		if err != nil {

@@ -87,6 +87,11 @@ type session struct {
 	timer          *time.Timer       // fires tickAsync at the path's deadline
 	timerAt        int64             // when timer is armed for (unix ns), 0 = not armed
 	consumers      map[uint64]string // consumer id -> topic, for logs
+	// Managed Key_Shared consumers (keyshared.go): by consumer id, by the request id of what
+	// is at the broker for them, and a scratch list of acknowledged entries.
+	ks     map[uint64]*managedConsumer
+	ksReqs map[uint64]*managedConsumer
+	ksIDs  []wire.EntryID
 
 	// Pump state while a batch of frames is being processed, so Outputs
 	// can flush the pending run of forwarded frames before writing.
@@ -505,6 +510,12 @@ func (s *session) cutThrough(d direction, b []byte) (int, bool) {
 	}
 	switch {
 	case d == toClient && h.Type == pulsarpb.BaseCommand_MESSAGE:
+		if s.ks != nil {
+			if s.ksDrops(h.Command) {
+				return 0, false // dropped whole (keyshared.go)
+			}
+			s.ksMessage(h.Command)
+		}
 	case d == toBroker && h.Type == pulsarpb.BaseCommand_SEND:
 		hf, ok := s.path.(HeadForwarder)
 		if !ok || !hf.ForwardHead(h) {
@@ -654,7 +665,14 @@ func (s *session) onFrame(d direction, f wire.Frame) (frameAction, error) {
 			}
 			s.noteAuthResponse(f)
 		case pulsarpb.BaseCommand_SUBSCRIBE:
-			s.noteSubscribe(f)
+			if c := s.noteSubscribe(f); c != nil && s.managedSubscribe(c) {
+				return actDone, nil // held for its buckets (keyshared.go)
+			}
+		case pulsarpb.BaseCommand_FLOW, pulsarpb.BaseCommand_ACK, pulsarpb.BaseCommand_REDELIVER_UNACKNOWLEDGED_MESSAGES,
+			pulsarpb.BaseCommand_CLOSE_CONSUMER:
+			if s.ks != nil && s.ksFromClient(f) == actDone {
+				return actDone, nil
+			}
 		case pulsarpb.BaseCommand_PRODUCER:
 			s.noteProducer(f)
 		}
@@ -706,6 +724,14 @@ func (s *session) onFrame(d direction, f wire.Frame) (frameAction, error) {
 		}
 	case pulsarpb.BaseCommand_CLOSE_PRODUCER, pulsarpb.BaseCommand_CLOSE_CONSUMER:
 		s.learnAssignedBroker(f)
+	}
+	if s.ks != nil || s.ksReqs != nil {
+		switch t {
+		case pulsarpb.BaseCommand_MESSAGE, pulsarpb.BaseCommand_SUCCESS, pulsarpb.BaseCommand_ERROR, pulsarpb.BaseCommand_CLOSE_CONSUMER:
+			if s.ksFromBroker(f) == actDone {
+				return actDone, nil
+			}
+		}
 	}
 	if isProducerFrame(d, t) {
 		return s.toPath(d, f)
@@ -1070,10 +1096,11 @@ func (s *session) noteProducer(f wire.Frame) {
 	s.logger().Debug("PRODUCER", "topic", p.GetTopic(), "producer_id", p.GetProducerId(), "producer_name", p.GetProducerName())
 }
 
-// noteSubscribe remembers a consumer's topic for logs.
-func (s *session) noteSubscribe(f wire.Frame) {
+// noteSubscribe remembers a consumer's topic for logs and returns the decoded command (nil
+// when it does not decode; the broker judges it).
+func (s *session) noteSubscribe(f wire.Frame) *pulsarpb.CommandSubscribe {
 	if wire.DecodeCommand(f, &s.cmd) != nil {
-		return
+		return nil
 	}
 	c := s.cmd.GetSubscribe()
 	if s.consumers == nil {
@@ -1084,6 +1111,7 @@ func (s *session) noteSubscribe(f wire.Frame) {
 	}
 	s.logger().Debug("SUBSCRIBE", "topic", c.GetTopic(), "consumer_id", c.GetConsumerId(),
 		"subscription", c.GetSubscription(), "sub_type", c.GetSubType().String())
+	return c
 }
 
 // noteSendError logs a broker's SEND_ERROR with the producer's topic.
@@ -1125,6 +1153,7 @@ func (s *session) onClose(e *end, k side, err error) {
 		if len(buf) > 0 {
 			_, _ = s.broker.Write(buf)
 		}
+		s.ksClose()
 		return
 	}
 	prev := s.state
@@ -1166,6 +1195,7 @@ func (s *session) onClose(e *end, k side, err error) {
 	s.stopFollows()
 	s.setPaused(toBroker, false)
 	s.setPaused(toClient, false)
+	s.ksClose()
 	if s.path != nil {
 		func() {
 			defer s.recoverAndClose()

@@ -82,6 +82,12 @@ type Policy struct {
 	// consumers whose ranges are aligned to the buckets). See KeysApart.
 	SplitKeys *bool
 
+	// ManageKeyShared (buckets only; nil means on) makes the proxy manage the topic's
+	// Key_Shared subscriptions whose consumers did not align themselves (AUTO_SPLIT, or STICKY
+	// without ranges): their SUBSCRIBE goes to the broker as STICKY with ranges of whole buckets,
+	// assigned and rebalanced by the proxy (package keyshared). See ManagesKeyShared.
+	ManageKeyShared *bool
+
 	// Buckets is the number of equal-width buckets over the 16-bit hashB ring (buckets
 	// policy); BucketStarts gives explicit boundaries instead (first 0, strictly increasing).
 	Buckets      int
@@ -97,6 +103,15 @@ func (p *Policy) KeysApart() bool {
 		return *p.SplitKeys
 	}
 	return p.Kind == Coalesce || p.Kind == Properties
+}
+
+// ManagesKeyShared reports whether the proxy manages the topic's unaligned Key_Shared
+// subscriptions (ManageKeyShared, with its default: on for buckets). Any goroutine may call it.
+func (p *Policy) ManagesKeyShared() bool {
+	if p.Kind != Buckets {
+		return false
+	}
+	return p.ManageKeyShared == nil || *p.ManageKeyShared
 }
 
 // Ring returns the compiled buckets of a validated buckets policy.
@@ -155,6 +170,9 @@ func (p *Policy) Validate() error {
 		}
 	} else if p.Buckets != 0 || len(p.BucketStarts) > 0 {
 		return fmt.Errorf("%w: buckets: only the buckets policy takes buckets", ErrInvalidPolicy)
+	}
+	if p.ManageKeyShared != nil && *p.ManageKeyShared && p.Kind != Buckets {
+		return fmt.Errorf("%w: manage_key_shared: only the buckets policy has buckets to assign to Key_Shared consumers", ErrInvalidPolicy)
 	}
 	if p.MergeProducers && p.Kind != Coalesce {
 		return fmt.Errorf("%w: merge_producers: only the coalesce policy merges producers", ErrInvalidPolicy)

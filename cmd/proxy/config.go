@@ -28,6 +28,8 @@ type options struct {
 	webListen      string
 	webTLSListen   string
 	webTimeout     time.Duration
+	handoffTimeout time.Duration
+	ksAwayTimeout  time.Duration
 	brokerTrust    string
 	brokerCert     string
 	brokerKey      string
@@ -89,6 +91,8 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.webTLSListen, "web-tls-listen", "", "`host:port` of the web port over HTTPS (with --tls-cert, --tls-key, --tls-client-ca)")
 	fs.Var(&o.brokerWebURLs, "broker-web-url", "web service URL of the brokers, http://host:8080 (required with a web port; repeat or comma-separate; requests go to them round robin)")
 	fs.DurationVar(&o.webTimeout, "web-timeout", d.WebTimeout, "time allowed for one web request, broker redirects included")
+	fs.DurationVar(&o.handoffTimeout, "key-shared-handoff-timeout", d.HandoffTimeout, "managed Key_Shared subscriptions (buckets policy, manage_key_shared): how long a consumer giving up buckets in a rebalance may take to acknowledge what it was sent before the proxy closes it anyway (the broker then redelivers the rest to the buckets' next owner)")
+	fs.DurationVar(&o.ksAwayTimeout, "key-shared-away-timeout", d.KeySharedAwayTimeout, "managed Key_Shared subscriptions: how long a consumer released in a rebalance keeps its place while its client resubscribes, before the subscription is rebalanced without it")
 	fs.StringVar(&o.brokerTrust, "broker-tls-trust-certs", "", "PEM CA certificates `file` trusted for pulsar+ssl:// brokers (empty: the system's)")
 	fs.StringVar(&o.brokerCert, "broker-tls-cert", "", "PEM client certificate `file` the proxy presents to pulsar+ssl:// brokers (optional)")
 	fs.StringVar(&o.brokerKey, "broker-tls-key", "", "PEM private key `file` of --broker-tls-cert")
@@ -306,6 +310,7 @@ func (o *options) proxyConfig() (proxy.Config, error) {
 	c.MaxConcurrentLookups, c.EventLoops, c.ReadBufferCap = o.maxLookups, o.eventLoops, int(o.readBuffer)
 	c.TLSListen, c.TLSCertFile, c.TLSKeyFile, c.TLSClientCAFile = o.tlsListen, o.tlsCert, o.tlsKey, o.tlsClientCA
 	c.WebListen, c.WebTLSListen, c.BrokerWebURLs, c.WebTimeout = o.webListen, o.webTLSListen, o.brokerWebURLs, o.webTimeout
+	c.HandoffTimeout, c.KeySharedAwayTimeout = o.handoffTimeout, o.ksAwayTimeout
 	c.MaxLookupRedirects, c.LookupTimeout, c.MaxConnectionLookups = o.maxRedirects, o.lookupTimeout, o.maxConnLookups
 	return c, c.Validate()
 }

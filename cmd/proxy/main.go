@@ -61,6 +61,7 @@ func run(args []string) int {
 	rm := proxy.NewRebatchMetrics()
 	chunks := proxy.NewChunkDedup(chunkdedup.Config{})
 	cfg.ProducerPaths = proxy.RebatchPaths(policies, rm, chunks, log)
+	cfg.ManagedKeyShared = policies.ManagedKeyShared
 	srv, err := proxy.New(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "proxy: config:", err)

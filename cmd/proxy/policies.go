@@ -29,6 +29,7 @@ var policyKeys = map[string]string{
 	"buckets":           "buckets policy: number of equal-width buckets over the 16-bit hashB ring (one broker producer each)",
 	"bucket_starts":     "buckets policy: explicit bucket start hashes instead, first 0, strictly increasing",
 	"split_keys":        "entries never mix messages the broker's Key_Shared dispatch would route apart, so each key reaches one consumer as directly (default true for coalesce and properties, false for buckets; false merges across keys: fewer entries, keys split across Key_Shared consumers)",
+	"manage_key_shared": "buckets policy: the proxy assigns whole buckets to the Key_Shared consumers that did not align themselves (AUTO_SPLIT, or STICKY without ranges), rewriting their SUBSCRIBE to STICKY ranges and rebalancing as they come and go (default true; one proxy instance per managed subscription, see README)",
 	"max_pending_sends": "sends of one client producer awaiting receipts; reading from the client pauses at 3/4 of it and resumes below 1/2 (default 100000)",
 }
 
@@ -86,7 +87,7 @@ func parseRule(n *yaml.Node) (route.Rule[rebatch.Policy], error) {
 		k, v := n.Content[i], n.Content[i+1]
 		key := k.Value
 		if _, ok := policyKeys[key]; !ok {
-			return r, fmt.Errorf("line %d: unknown key %q (known: topics, policy, max_messages, max_bytes, max_delay, compression, restricted, merge_producers, hold_when_idle, split_keys, buckets, bucket_starts, max_pending_sends)", k.Line, key)
+			return r, fmt.Errorf("line %d: unknown key %q (known: topics, policy, max_messages, max_bytes, max_delay, compression, restricted, merge_producers, hold_when_idle, split_keys, manage_key_shared, buckets, bucket_starts, max_pending_sends)", k.Line, key)
 		}
 		if seen[key] {
 			return r, fmt.Errorf("line %d: key %q given twice", k.Line, key)
@@ -129,7 +130,7 @@ func parseRule(n *yaml.Node) (route.Rule[rebatch.Policy], error) {
 			}
 			ct := pulsarpb.CompressionType(c)
 			r.Policy.Compression = &ct
-		case "merge_producers", "hold_when_idle", "split_keys":
+		case "merge_producers", "hold_when_idle", "split_keys", "manage_key_shared":
 			b, err := strconv.ParseBool(s)
 			if err != nil {
 				return r, bad("%q is not true or false", s)
@@ -139,6 +140,8 @@ func parseRule(n *yaml.Node) (route.Rule[rebatch.Policy], error) {
 				r.Policy.MergeProducers = b
 			case "hold_when_idle":
 				r.Policy.HoldWhenIdle = b
+			case "manage_key_shared":
+				r.Policy.ManageKeyShared = &b
 			default:
 				r.Policy.SplitKeys = &b
 			}

@@ -44,7 +44,9 @@ func startProxyServer(t *testing.T, b *harness.Broker, ns string, pol rebatch.Po
 		if testing.Verbose() {
 			c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 		}
-		c.ProducerPaths = proxy.RebatchPaths(proxy.NewPolicies(m), metrics, proxy.NewChunkDedup(chunkdedup.Config{}), c.Logger)
+		pols := proxy.NewPolicies(m)
+		c.ProducerPaths = proxy.RebatchPaths(pols, metrics, proxy.NewChunkDedup(chunkdedup.Config{}), c.Logger)
+		c.ManagedKeyShared = pols.ManagedKeyShared // as cmd/proxy wires it
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -446,7 +446,12 @@ def consume(argv):
             except Exception as e:
                 line["i"] = -1
                 line["decode_error"] = root_message(e)
-        line["key"] = msg.partition_key() or None
+        try:
+            line["key"] = msg.partition_key() or None
+        except UnicodeDecodeError as e:
+            # This client decodes keys as UTF-8 and cannot hand out others.
+            line["key"] = None
+            line["key_error"] = root_message(e)
         line["props"] = msg.properties() or {}
         line["payload_len"] = len(data)
         line["msg_id"] = format_id(msg.message_id())

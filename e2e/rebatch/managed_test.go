@@ -1,0 +1,428 @@
+package rebatch_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/apache/pulsar-client-go/pulsar"
+
+	"github.com/rebatchproxy/rebatchproxy/e2e/drivers"
+	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
+	"github.com/rebatchproxy/rebatchproxy/rebatch"
+	"github.com/rebatchproxy/rebatchproxy/route"
+)
+
+// The proxy-managed Key_Shared spec: default (AUTO_SPLIT) consumers of four clients, through
+// the proxy on a buckets topic, get whole buckets; directly they do not.
+
+// managedGot is one message a consumer received: its payload index and redelivery count.
+type managedGot struct {
+	consumer string
+	i        int
+	redeliv  int
+}
+
+// managedConsumers are the spec's consumers: released clients run as drivers, and
+// pulsar-client-go (this module's, the latest) in process, which the spec can start and
+// close mid-stream.
+type managedConsumers struct {
+	t      *testing.T
+	url    string
+	topic  string
+	mu     sync.Mutex
+	got    []managedGot
+	runs   map[string]*drivers.ConsumeRun
+	inproc map[string]func()
+}
+
+func newManagedConsumers(t *testing.T, url, topic string) *managedConsumers {
+	return &managedConsumers{t: t, url: url, topic: topic, runs: map[string]*drivers.ConsumeRun{}, inproc: map[string]func(){}}
+}
+
+// startDriver subscribes a released client's default Key_Shared consumer named name; it runs
+// until it has seen nothing for 30 s.
+func (mc *managedConsumers) startDriver(d *drivers.Driver, name string) {
+	t := mc.t
+	t.Helper()
+	run, err := d.StartConsume(context.Background(), drivers.ConsumeSpec{URL: mc.url, Topic: mc.topic, Subscription: "ks",
+		Type: "key_shared", ConsumerName: name, Idle: 30 * time.Second, Timeout: 5 * time.Minute})
+	if err != nil {
+		t.Fatalf("%s (%s): %v", name, d.Name, err)
+	}
+	mc.runs[name] = run
+}
+
+// startGo subscribes an in-process default Key_Shared consumer; stop closes it.
+func (mc *managedConsumers) startGo(name string) {
+	t := mc.t
+	t.Helper()
+	c, err := newClient(t, mc.url).Subscribe(pulsar.ConsumerOptions{Topic: mc.topic, SubscriptionName: "ks", Type: pulsar.KeyShared,
+		Name: name, SubscriptionInitialPosition: pulsar.SubscriptionPositionEarliest})
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case m := <-c.Chan():
+				i, err := strconv.Atoi(strings.TrimRight(strings.TrimPrefix(string(m.Payload()), "msg-"), "."))
+				if err != nil {
+					i = -1
+				}
+				mc.mu.Lock()
+				mc.got = append(mc.got, managedGot{consumer: name, i: i, redeliv: int(m.RedeliveryCount())})
+				mc.mu.Unlock()
+				_ = c.Ack(m)
+			case <-done:
+				return
+			}
+		}
+	}()
+	mc.inproc[name] = func() { close(done); wg.Wait(); c.Close() }
+}
+
+// stopGo closes an in-process consumer (a consumer leaving mid-stream).
+func (mc *managedConsumers) stopGo(name string) {
+	if stop := mc.inproc[name]; stop != nil {
+		stop()
+		delete(mc.inproc, name)
+	}
+}
+
+// wait ends every consumer (the drivers by idleness) and returns all deliveries.
+func (mc *managedConsumers) wait() []managedGot {
+	t := mc.t
+	for name := range mc.inproc {
+		mc.stopGo(name)
+	}
+	for name, run := range mc.runs {
+		res, err := run.Wait()
+		if err != nil && res == nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if err != nil {
+			t.Logf("%s ended with %v (stderr tail: %s)", name, err, tail(res.Stderr, 600))
+		}
+		t.Logf("%s received %d", name, len(res.Messages))
+		for _, m := range res.Messages {
+			mc.got = append(mc.got, managedGot{consumer: name, i: m.I, redeliv: m.Redelivery})
+		}
+	}
+	return mc.got
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// managedKeys returns n keys over 2,000: UTF-8 ones, a fifth invalid UTF-8, and one message in
+// twenty keyless ("" here: pulsar-client-go sends no key for it).
+func managedKeys(n int) []string {
+	rnd := rand.New(rand.NewSource(11))
+	pool := make([]string, 2000)
+	for i := range pool {
+		pool[i] = fmt.Sprintf("key-%08x", rnd.Uint32())
+		if i%5 == 0 {
+			pool[i] = fmt.Sprintf("\xfe%c\xed\xa0-%d", 0x80+i%64, i)
+		}
+	}
+	keys := make([]string, n)
+	for i := range keys {
+		if rnd.Intn(20) > 0 {
+			keys[i] = pool[rnd.Intn(len(pool))]
+		}
+	}
+	return keys
+}
+
+// consumerRanges reads, from the broker's topic stats, each consumer's hash ranges in
+// subscription "ks", by consumer name.
+func consumerRanges(t *testing.T, b *harness.Broker, topic string) map[string][][2]int {
+	t.Helper()
+	raw, err := b.Admin(ctxT(t, 30*time.Second), "GET", "/admin/v2/"+strings.Replace(topic, "://", "/", 1)+"/stats", nil)
+	if err != nil {
+		t.Fatalf("topic stats: %v", err)
+	}
+	var st struct {
+		Subscriptions map[string]struct {
+			Consumers []struct {
+				ConsumerName  string  `json:"consumerName"`
+				KeyHashRanges [][]int `json:"keyHashRangeArrays"`
+			} `json:"consumers"`
+		} `json:"subscriptions"`
+	}
+	if err := json.Unmarshal(raw, &st); err != nil {
+		t.Fatalf("topic stats: %v", err)
+	}
+	out := map[string][][2]int{}
+	for _, c := range st.Subscriptions["ks"].Consumers {
+		for _, r := range c.KeyHashRanges {
+			if len(r) == 2 {
+				out[c.ConsumerName] = append(out[c.ConsumerName], [2]int{r[0], r[1]})
+			}
+		}
+	}
+	return out
+}
+
+// settledRanges waits until the stats show exactly the named consumers, each with ranges,
+// covering every hash once, and returns them.
+func settledRanges(t *testing.T, b *harness.Broker, topic string, names ...string) map[string][][2]int {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		rs := consumerRanges(t, b, topic)
+		covered := 0
+		for _, r := range rs {
+			for _, x := range r {
+				covered += x[1] - x[0] + 1
+			}
+		}
+		ok := len(rs) == len(names) && covered >= route.FullRange-1 // AUTO_SPLIT covers [1, 65535]
+		for _, n := range names {
+			ok = ok && len(rs[n]) > 0
+		}
+		if ok {
+			return rs
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("consumer ranges did not settle on %v within a minute: %v", names, rs)
+			return rs
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// waitConsumed waits until subscription "ks" has nothing left to deliver or acknowledge, so
+// consumers closed afterwards take nothing with them.
+func waitConsumed(t *testing.T, b *harness.Broker, topic string) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		raw, err := b.Admin(ctxT(t, 30*time.Second), "GET", "/admin/v2/"+strings.Replace(topic, "://", "/", 1)+"/stats", nil)
+		if err != nil {
+			t.Fatalf("topic stats: %v", err)
+		}
+		var st struct {
+			Subscriptions map[string]struct {
+				MsgBacklog      int64 `json:"msgBacklog"`
+				UnackedMessages int64 `json:"unackedMessages"`
+			} `json:"subscriptions"`
+		}
+		if err := json.Unmarshal(raw, &st); err != nil {
+			t.Fatalf("topic stats: %v", err)
+		}
+		if s := st.Subscriptions["ks"]; s.MsgBacklog == 0 && s.UnackedMessages == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("subscription still has a backlog after 2 minutes: %+v", st.Subscriptions["ks"])
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func owns(ranges [][2]int, slot int) bool {
+	for _, r := range ranges {
+		if slot >= r[0] && slot <= r[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// managedRun is what the spec counts.
+type managedRun struct {
+	received, distinct, lost, duplicates, redelivered int
+	wrongOwner                                        int            // keyed deliveries to a consumer owning the key in no snapshot it appears in
+	outOfOrder                                        int            // a consumer received a key's message after a later one of that key
+	interleaved                                       int            // keys whose deliveries, in send order, change consumer more often than there were rebalances
+	dupPairs                                          map[string]int // "first>again" consumer pairs of duplicate deliveries
+}
+
+// judge counts a run's deliveries against the broker's assignments (snapshots: the ranges
+// each consumer held in each phase; slot gives a key's slot under the subscription's mode).
+func judge(got []managedGot, keys []string, snapshots []map[string][][2]int, slot func(string) int, rebalances int) managedRun {
+	var r managedRun
+	seen := make([]int, len(keys))
+	last := map[string]map[string]int{} // consumer -> key -> last i
+	byKey := map[string][]managedGot{}
+	for _, g := range got {
+		if g.i < 0 || g.i >= len(keys) {
+			continue
+		}
+		r.received++
+		seen[g.i]++
+		if g.redeliv > 0 {
+			r.redelivered++
+		}
+		k := keys[g.i]
+		if k == "" {
+			continue // keyless: the broker routes it by the fallback key the proxy stamped
+		}
+		owned := false
+		for _, s := range snapshots {
+			owned = owned || owns(s[g.consumer], slot(k))
+		}
+		if !owned {
+			r.wrongOwner++
+		}
+		if last[g.consumer] == nil {
+			last[g.consumer] = map[string]int{}
+		}
+		if p, ok := last[g.consumer][k]; ok && g.i < p {
+			r.outOfOrder++
+		}
+		last[g.consumer][k] = g.i
+		byKey[k] = append(byKey[k], g)
+	}
+	firstAt := map[int]string{}
+	pairs := map[string]int{}
+	for _, g := range got {
+		if g.i < 0 || g.i >= len(keys) {
+			continue
+		}
+		if c, ok := firstAt[g.i]; ok {
+			pairs[c+">"+g.consumer]++
+		} else {
+			firstAt[g.i] = g.consumer
+		}
+	}
+	r.dupPairs = pairs
+	for _, n := range seen {
+		switch {
+		case n == 0:
+			r.lost++
+		case n > 1:
+			r.duplicates += n - 1
+		}
+		if n > 0 {
+			r.distinct++
+		}
+	}
+	for _, gs := range byKey {
+		sort.Slice(gs, func(a, b int) bool { return gs[a].i < gs[b].i })
+		switches := 0
+		for j := 1; j < len(gs); j++ {
+			if gs[j].consumer != gs[j-1].consumer {
+				switches++
+			}
+		}
+		if switches > rebalances {
+			r.interleaved++
+		}
+	}
+	return r
+}
+
+// produceManaged sends message i (payload "msg-<i>", key keys[i]) from lo to hi with default
+// batching and waits for the receipts.
+func produceManaged(t *testing.T, p pulsar.Producer, keys []string, lo, hi int) {
+	t.Helper()
+	msgs := make([]*pulsar.ProducerMessage, 0, hi-lo)
+	for i := lo; i < hi; i++ {
+		msgs = append(msgs, &pulsar.ProducerMessage{Payload: []byte("msg-" + strconv.Itoa(i)), Key: keys[i]})
+	}
+	sendAll(t, p, msgs)
+}
+
+// Given a topic under buckets (8 buckets, manage_key_shared on by default) and a Key_Shared
+// subscription with default settings (AUTO_SPLIT) of four consumers, one each of
+// pulsar-client-go v0.8.1, Java 2.10.6, Python 3.1.0 and pulsar-client-go v0.21.0, all
+// through the proxy,
+// when a batching producer sends 10,000 messages over 2,000 keys (a fifth invalid UTF-8, one
+// in twenty keyless) while a fifth consumer joins after the first third and one consumer
+// leaves after the second,
+// then every keyed message reaches the consumer whose STICKY ranges (as the broker's stats
+// show them) hold its key, keys move only at the two rebalances, per-key order holds, nothing
+// is lost and nothing is delivered twice; while the same four consumers subscribed directly
+// receive keys they do not own (the control).
+func TestManagedKeySharedGivesDefaultConsumersWholeBuckets(t *testing.T) {
+	b := harness.Default(t)
+	keys := managedKeys(10000)
+	olds := map[string]*drivers.Driver{}
+	for _, name := range []string{"go-v0.8.1", "java-2.10.6", "python-3.1.0"} {
+		olds[name] = preparedDriver(t, name)
+	}
+	oldNames := []string{"go-v0.8.1", "java-2.10.6", "python-3.1.0"}
+
+	// The control: directly, four default consumers and a batching producer.
+	{
+		ns := newNamespace(t, b, "managed-direct")
+		topic := "persistent://" + ns + "/t"
+		cs := newManagedConsumers(t, b.ServiceURL, topic)
+		for _, n := range oldNames {
+			cs.startDriver(olds[n], n)
+		}
+		cs.startGo("go-latest")
+		snap := settledRanges(t, b, topic, append(oldNames, "go-latest")...)
+		prod, err := newClient(t, b.ServiceURL).CreateProducer(pulsar.ProducerOptions{Topic: topic, BatchingMaxPublishDelay: 10 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		produceManaged(t, prod, keys, 0, len(keys))
+		prod.Close()
+		waitConsumed(t, b, topic)
+		r := judge(cs.wait(), keys, []map[string][][2]int{snap}, func(k string) int {
+			return route.ConsistentHashingSlot(route.StickyKey(route.KeyFields{PartitionKey: k, HasPartitionKey: true}))
+		}, 0)
+		t.Logf("direct:        %d received (%d distinct of %d), %d to a consumer not owning the key, %d keys moved between consumers, %d out of key order, %d lost, %d duplicates",
+			r.received, r.distinct, len(keys), r.wrongOwner, r.interleaved, r.outOfOrder, r.lost, r.duplicates)
+		if r.wrongOwner == 0 {
+			t.Errorf("directly no message reached a consumer not owning its key: the workload shows nothing")
+		}
+	}
+
+	// Through the proxy.
+	ns := newNamespace(t, b, "managed")
+	topic := "persistent://" + ns + "/t"
+	url := startProxy(t, b, ns, rebatch.Policy{Kind: rebatch.Buckets, Buckets: 8, MaxDelay: 5 * time.Millisecond})
+	cs := newManagedConsumers(t, url, topic)
+	for _, n := range oldNames {
+		cs.startDriver(olds[n], n)
+	}
+	cs.startGo("go-latest")
+	phase1 := settledRanges(t, b, topic, append(oldNames, "go-latest")...)
+	prod, err := newClient(t, url).CreateProducer(pulsar.ProducerOptions{Topic: topic, BatchingMaxPublishDelay: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	third := len(keys) / 3
+	produceManaged(t, prod, keys, 0, third)
+	cs.startGo("go-joiner")
+	phase2 := settledRanges(t, b, topic, append(oldNames, "go-latest", "go-joiner")...)
+	produceManaged(t, prod, keys, third, 2*third)
+	cs.stopGo("go-latest")
+	phase3 := settledRanges(t, b, topic, append(oldNames, "go-joiner")...)
+	produceManaged(t, prod, keys, 2*third, len(keys))
+	prod.Close()
+	waitConsumed(t, b, topic)
+	t.Logf("broker's ranges: 4 consumers %v; a fifth joined %v; one left %v", phase1, phase2, phase3)
+
+	r := judge(cs.wait(), keys, []map[string][][2]int{phase1, phase2, phase3}, func(k string) int {
+		return route.StickySlot(route.StickyKey(route.KeyFields{PartitionKey: k, HasPartitionKey: true}))
+	}, 2)
+	t.Logf("through proxy: %d received (%d distinct of %d), %d to a consumer not owning the key, %d keys moved more often than the 2 rebalances, %d out of key order, %d lost, %d duplicates (%d redeliveries)",
+		r.received, r.distinct, len(keys), r.wrongOwner, r.interleaved, r.outOfOrder, r.lost, r.duplicates, r.redelivered)
+	if r.duplicates > 0 {
+		t.Logf("duplicate deliveries (first consumer>again at): %v", r.dupPairs)
+	}
+	if r.wrongOwner != 0 || r.interleaved != 0 || r.outOfOrder != 0 || r.lost != 0 || r.duplicates != 0 {
+		t.Fatalf("through the proxy: want 0 wrong owners, 0 interleaved keys, 0 out of order, 0 lost, 0 duplicates")
+	}
+}

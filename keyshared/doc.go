@@ -1,0 +1,45 @@
+// Package keyshared manages the Key_Shared subscriptions of topics under the buckets policy
+// for consumers that did not align themselves to the buckets: a client's Key_Shared SUBSCRIBE
+// in AUTO_SPLIT mode, or STICKY without hash ranges, goes to the broker as STICKY with hash
+// ranges made of whole buckets, which this package assigns across the subscription's
+// consumers. An entry of the buckets policy holds the keys of one bucket, so with whole-bucket
+// ranges every message of an entry belongs to the consumer the broker sends the entry to.
+//
+// # Contract
+//
+//  1. Ownership. At any time a bucket is held at the broker by at most one consumer of the
+//     subscription (the broker refuses overlapping STICKY ranges anyway), and once the group is
+//     settled every bucket is held by one. A consumer only ever holds the ranges this package
+//     granted it.
+//  2. Balance. With n consumers and N buckets, the first min(n, N) consumers in order of
+//     arrival each get a contiguous block of N/n buckets (floor or ceiling, in arrival order).
+//     Consumers beyond N are refused (the client's subscribe fails with a message saying so);
+//     there is no standby.
+//  3. Handoff. When the set of consumers changes (one joins, one leaves), every consumer whose
+//     block changes is released: the proxy stops passing its FLOW permits to the broker, waits
+//     until it has acknowledged every entry it was sent (or HandoffTimeout passes), closes it
+//     at the broker, drops what the broker still sends it, and sends the client CLOSE_CONSUMER,
+//     the broker's own "resubscribe" signal. The client's resubscribe gets its new block once no
+//     other consumer still holds any of it at the broker. A bucket therefore moves only after
+//     its previous owner has nothing unacknowledged in it: no key is processed by two consumers
+//     at once, per-key order is kept, and acknowledged messages are never delivered again. A
+//     drain cut short by HandoffTimeout closes the consumer with messages unacknowledged; the
+//     broker redelivers those to the bucket's next owner (at-least-once, as when any Pulsar
+//     consumer closes), and the proxy counts it.
+//  4. Reservation. A released consumer keeps its place in the order for AwayTimeout, even when
+//     its connection closes (clients often resubscribe on a new connection); if it has not
+//     resubscribed by then, it is removed and the group rebalanced without it. A consumer that
+//     is not released leaves when its client closes it or its connection closes.
+//  5. Scope. The manager sees the consumers of one proxy process. Consumers of the same
+//     subscription reaching the broker another way (directly, or through a second proxy)
+//     hold ranges this manager does not know: the broker refuses whichever subscribe overlaps
+//     (ConsumerAssignError), and the proxy passes that refusal to the client after a few
+//     retries. A managed subscription must therefore be reached through one proxy instance.
+//
+// # Goroutines
+//
+// A Manager's methods and a Ticket's methods may be called from any goroutine; they take the
+// manager's lock. Member callbacks are made after the lock is released, on the goroutine of
+// the call that changed the group (or a timer's); implementations hand the work to their own
+// loop and must not call back into the manager synchronously from the callback.
+package keyshared

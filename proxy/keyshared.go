@@ -1,0 +1,469 @@
+package proxy
+
+import (
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rebatchproxy/rebatchproxy/keyshared"
+	"github.com/rebatchproxy/rebatchproxy/wire"
+	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
+)
+
+// Proxy-managed Key_Shared subscriptions (Config.ManagedKeyShared; package keyshared holds
+// the assignment and its contract). This file is the session's half: it holds a client's
+// managed SUBSCRIBE until the manager grants it a block of buckets, sends it on as STICKY with
+// that block's hash range, and carries out a release:
+//
+//  1. drain: the client's FLOW permits for the consumer are no longer passed on, so the broker
+//     stops dispatching to it once the permits it has run out; the session tracks the entries
+//     sent to the consumer and not yet acknowledged (MESSAGE adds, ACK and
+//     REDELIVER_UNACKNOWLEDGED_MESSAGES remove);
+//  2. once none is left (and stays so for ackSettle), or HandoffTimeout passes, the proxy closes the consumer at the broker
+//     (its own CLOSE_CONSUMER, an id from the session's allocator) and drops what the broker
+//     still sends it (the broker redelivers that to the bucket's next owner);
+//  3. on the broker's answer, the client gets CLOSE_CONSUMER (what a broker sends when a topic
+//     moves), the manager learns the consumer is away, and the client's own resubscribe comes
+//     back through step 0 with its new block.
+//
+// Cost: sessions without a managed consumer pay one nil-map check per consumer frame. A session
+// with one reads consumer_id of each MESSAGE, FLOW, ACK and REDELIVER (no decode, no
+// allocation) and keeps a set of unacknowledged entries per managed consumer, bounded by
+// maxTrackedEntries (past it the drain waits for HandoffTimeout).
+
+// maxTrackedEntries bounds the unacknowledged entries tracked per managed consumer; a client
+// granting more permits than that makes its drains end by timeout.
+const maxTrackedEntries = 1 << 17
+
+// subscribeRetries bounds the re-sends of a granted SUBSCRIBE the broker refused for
+// overlapping ranges (the previous owner's close racing on another connection).
+const (
+	subscribeRetries    = 20
+	subscribeRetryDelay = 250 * time.Millisecond
+)
+
+// ackSettle is how long a drained consumer must stay without unacknowledged entries before
+// the proxy closes it: the broker applies acknowledgments asynchronously, and a close right
+// after the last ACK frame made it redeliver messages just acknowledged (measured: thousands
+// of duplicates in e2e/rebatch's managed spec; none with the pause).
+const ackSettle = 200 * time.Millisecond
+
+type mcState uint8
+
+const (
+	mcHeld        mcState = iota // the client's SUBSCRIBE waits for a grant
+	mcSubscribing                // the rewritten SUBSCRIBE is at the broker
+	mcActive                     // subscribed
+	mcDraining                   // released: FLOW withheld until nothing is unacknowledged
+	mcClosing                    // the proxy's CLOSE_CONSUMER is at the broker
+	mcAway                       // closed at the broker; the client was told to resubscribe
+	mcLeaving                    // the client's CLOSE_CONSUMER is at the broker
+)
+
+// managedConsumer is one client consumer of a managed subscription on this session.
+// Loop-owned.
+type managedConsumer struct {
+	s          *session
+	id         uint64 // the client's consumer id
+	topic, sub string
+	name       string
+	ticket     *keyshared.Ticket
+	subscribe  *pulsarpb.CommandSubscribe // the client's, rewritten on each grant
+	ranges     []keyshared.Range
+	state      mcState
+	release    bool // a release came while subscribing
+	settling   bool
+	pending    map[wire.EntryID]struct{}
+	overflow   bool // pending is incomplete
+	timer      *time.Timer
+	reqID      uint64 // the request id of what is at the broker for it (subscribe, close)
+	retries    int
+}
+
+// ksMember adapts a managedConsumer to keyshared.Member: callbacks come from any goroutine and
+// are handed to the session's loop.
+type ksMember struct{ mc *managedConsumer }
+
+func (m ksMember) Grant(r []keyshared.Range) { m.mc.s.onLoop(func() { m.mc.grant(r) }) }
+func (m ksMember) Release()                  { m.mc.s.onLoop(m.mc.startRelease) }
+func (m ksMember) Refuse(reason string)      { m.mc.s.onLoop(func() { m.mc.refuse(reason) }) }
+
+// onLoop runs f on the session's loop unless the session is closed by then.
+func (s *session) onLoop(f func()) {
+	if err := s.exec.run(func() {
+		if s.state != stClosed {
+			f()
+		}
+	}); err != nil {
+		s.srv.log.Debug("managed Key_Shared callback dropped: loop stopping", "conn", s.id, "err", err)
+	}
+}
+
+// managedSubscribe takes a client SUBSCRIBE (decoded in s.cmd) that Config.ManagedKeyShared
+// claims; it reports false for one left alone. Runs on the loop.
+func (s *session) managedSubscribe(c *pulsarpb.CommandSubscribe) bool {
+	if s.srv.ks == nil || c.GetSubType() != pulsarpb.CommandSubscribe_Key_Shared {
+		return false
+	}
+	if ks := c.GetKeySharedMeta(); ks != nil && ks.GetKeySharedMode() == pulsarpb.KeySharedMode_STICKY && len(ks.GetHashRanges()) > 0 {
+		return false // aligned by the application: its ranges are its own
+	}
+	ring := s.srv.cfg.ManagedKeyShared(c.GetTopic())
+	if ring == nil {
+		return false
+	}
+	if old := s.ks[c.GetConsumerId()]; old != nil {
+		if old.state == mcHeld { // the client sent its subscribe again while it waits
+			old.subscribe = proto.Clone(c).(*pulsarpb.CommandSubscribe)
+			return true
+		}
+		if old.state == mcAway {
+			delete(s.ks, old.id) // its resubscribe: Join gives the place back to the new ticket
+		} else {
+			old.forget("the client subscribed again under its consumer id")
+		}
+	}
+	mc := &managedConsumer{s: s, id: c.GetConsumerId(), topic: c.GetTopic(), sub: c.GetSubscription(), name: c.GetConsumerName(),
+		subscribe: proto.Clone(c).(*pulsarpb.CommandSubscribe), pending: map[wire.EntryID]struct{}{}}
+	if s.ks == nil {
+		s.ks = map[uint64]*managedConsumer{}
+	}
+	s.ks[mc.id] = mc
+	s.logger().Debug("managed Key_Shared SUBSCRIBE held for its buckets", "topic", mc.topic, "subscription", mc.sub,
+		"consumer_id", mc.id, "consumer_name", mc.name)
+	mc.ticket = s.srv.ks.Join(mc.topic, mc.sub, ring, keyshared.Identity{ConsumerID: mc.id, Name: mc.name}, ksMember{mc})
+	return true
+}
+
+func (mc *managedConsumer) log(msg string, args ...any) {
+	mc.s.logger().Info(msg, append([]any{"topic", mc.topic, "subscription", mc.sub, "consumer_id", mc.id, "consumer_name", mc.name}, args...)...)
+}
+
+// current reports whether mc is still the session's consumer of its id.
+func (mc *managedConsumer) current() bool { return mc.s.ks[mc.id] == mc }
+
+// grant sends the held SUBSCRIBE on with the granted ranges. Runs on the loop.
+func (mc *managedConsumer) grant(r []keyshared.Range) {
+	if !mc.current() || mc.state != mcHeld {
+		mc.log("managed Key_Shared grant not taken", "current", mc.current(), "state", mc.state)
+		mc.ticket.Leave()
+		return
+	}
+	mc.s.srv.m.keyShared[ksGrant].Add(1)
+	mc.ranges = r
+	mc.sendSubscribe()
+}
+
+func (mc *managedConsumer) sendSubscribe() {
+	c := proto.Clone(mc.subscribe).(*pulsarpb.CommandSubscribe)
+	meta := &pulsarpb.KeySharedMeta{KeySharedMode: pulsarpb.KeySharedMode_STICKY.Enum()}
+	if old := c.GetKeySharedMeta(); old != nil && old.AllowOutOfOrderDelivery != nil {
+		meta.AllowOutOfOrderDelivery = proto.Bool(old.GetAllowOutOfOrderDelivery())
+	}
+	for _, x := range mc.ranges {
+		meta.HashRanges = append(meta.HashRanges, &pulsarpb.IntRange{Start: proto.Int32(x.Start), End: proto.Int32(x.End)})
+	}
+	c.KeySharedMeta = meta
+	mc.state, mc.reqID = mcSubscribing, c.GetRequestId()
+	mc.s.ksRequest(mc, mc.reqID)
+	mc.log("managed Key_Shared consumer subscribing with its buckets", "hash_ranges", fmt.Sprint(mc.ranges))
+	mc.s.writeOwn(toBroker, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_SUBSCRIBE.Enum(), Subscribe: c})
+}
+
+// refuse answers the held SUBSCRIBE with an error. Runs on the loop.
+func (mc *managedConsumer) refuse(reason string) {
+	if !mc.current() {
+		return
+	}
+	mc.s.srv.m.keyShared[ksRefused].Add(1)
+	delete(mc.s.ks, mc.id)
+	mc.log("managed Key_Shared consumer refused", "reason", reason)
+	mc.s.writeOwn(toClient, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_ERROR.Enum(), Error: &pulsarpb.CommandError{
+		RequestId: proto.Uint64(mc.subscribe.GetRequestId()), Error: pulsarpb.ServerError_ConsumerBusy.Enum(), Message: proto.String(reason)}})
+}
+
+// startRelease begins a release (step 1). Runs on the loop.
+func (mc *managedConsumer) startRelease() {
+	if !mc.current() {
+		return
+	}
+	switch mc.state {
+	case mcSubscribing, mcHeld:
+		if mc.ranges != nil {
+			mc.release = true // drained once the broker has accepted it
+		}
+		return
+	case mcActive:
+	default:
+		return
+	}
+	mc.s.srv.m.keyShared[ksRelease].Add(1)
+	mc.state = mcDraining
+	mc.log("releasing managed Key_Shared consumer for a rebalance: waiting for it to acknowledge what it was sent",
+		"unacknowledged_entries", len(mc.pending), "limit", mc.s.srv.cfg.HandoffTimeout)
+	mc.timer = time.AfterFunc(mc.s.srv.cfg.HandoffTimeout, func() { mc.s.onLoop(mc.drainExpired) })
+	mc.checkDrained()
+}
+
+func (mc *managedConsumer) checkDrained() {
+	if mc.state == mcDraining && len(mc.pending) == 0 && !mc.overflow && !mc.settling {
+		mc.settling = true
+		time.AfterFunc(ackSettle, func() {
+			mc.s.onLoop(func() {
+				mc.settling = false
+				if mc.current() && mc.state == mcDraining && len(mc.pending) == 0 && !mc.overflow {
+					mc.s.srv.m.keyShared[ksDrained].Add(1)
+					mc.closeAtBroker()
+				}
+			})
+		})
+	}
+}
+
+func (mc *managedConsumer) drainExpired() {
+	if !mc.current() || mc.state != mcDraining {
+		return
+	}
+	mc.s.srv.m.keyShared[ksDrainTimeout].Add(1)
+	mc.s.logger().Warn("managed Key_Shared consumer did not acknowledge what it was sent within the handoff timeout; closing it anyway, the broker redelivers the rest to the buckets' next owner",
+		"topic", mc.topic, "subscription", mc.sub, "consumer_id", mc.id, "consumer_name", mc.name,
+		"unacknowledged_entries", len(mc.pending), "tracking_complete", !mc.overflow, "timeout", mc.s.srv.cfg.HandoffTimeout)
+	mc.closeAtBroker()
+}
+
+// closeAtBroker is step 2.
+func (mc *managedConsumer) closeAtBroker() {
+	if mc.timer != nil {
+		mc.timer.Stop()
+	}
+	mc.state, mc.reqID = mcClosing, mc.s.ids.next()
+	mc.s.ksRequest(mc, mc.reqID)
+	mc.s.writeOwn(toBroker, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_CONSUMER.Enum(),
+		CloseConsumer: &pulsarpb.CommandCloseConsumer{ConsumerId: proto.Uint64(mc.id), RequestId: proto.Uint64(mc.reqID)}})
+}
+
+// closed is step 3: the broker answered the proxy's CLOSE_CONSUMER.
+func (mc *managedConsumer) closed() {
+	mc.state = mcAway
+	clear(mc.pending)
+	mc.overflow = false
+	mc.log("managed Key_Shared consumer released; the client resubscribes for its new buckets")
+	mc.s.writeOwn(toClient, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_CONSUMER.Enum(),
+		CloseConsumer: &pulsarpb.CommandCloseConsumer{ConsumerId: proto.Uint64(mc.id), RequestId: proto.Uint64(^uint64(0))}})
+	mc.ticket.Released()
+}
+
+// forget removes mc from the session and the manager.
+func (mc *managedConsumer) forget(why string) {
+	mc.log("managed Key_Shared consumer leaves its subscription", "why", why)
+	if mc.timer != nil {
+		mc.timer.Stop()
+	}
+	if mc.current() {
+		delete(mc.s.ks, mc.id)
+	}
+	mc.ticket.Leave()
+}
+
+func (s *session) ksRequest(mc *managedConsumer, req uint64) {
+	if s.ksReqs == nil {
+		s.ksReqs = map[uint64]*managedConsumer{}
+	}
+	s.ksReqs[req] = mc
+}
+
+// writeOwn writes a command the proxy makes towards d, outside or inside a pump. Runs on
+// the loop.
+func (s *session) writeOwn(d direction, cmd *pulsarpb.BaseCommand) {
+	b, err := wire.AppendCommandFrame(nil, cmd)
+	if err != nil {
+		s.srv.log.Error("encoding a managed Key_Shared command", "err", err)
+		return
+	}
+	inPump := s.pumpBuf != nil
+	if !inPump {
+		s.pumpFail = nil
+	}
+	s.writeOut(d, b, true)
+	if !inPump && s.pumpFail != nil {
+		if s.reason == nil {
+			s.reason = fmt.Errorf("writing a managed Key_Shared command: %w", s.pumpFail)
+		}
+		s.client.Close()
+	}
+}
+
+// ksFromClient sees the client's consumer frames on a session with managed consumers. Runs
+// on the loop, inside the pump.
+func (s *session) ksFromClient(f wire.Frame) frameAction {
+	t := f.Type()
+	switch t {
+	case pulsarpb.BaseCommand_FLOW:
+		id, ok := wire.ConsumerID(f.Command(), t)
+		if mc := s.ks[id]; ok && mc != nil && mc.state >= mcDraining && mc.state != mcLeaving {
+			return actDone // released: the broker gets no more permits for it
+		}
+	case pulsarpb.BaseCommand_ACK, pulsarpb.BaseCommand_REDELIVER_UNACKNOWLEDGED_MESSAGES:
+		id, ids, _, all, ok := wire.Acked(f, s.ksIDs[:0])
+		s.ksIDs = ids[:0]
+		if mc := s.ks[id]; ok && mc != nil {
+			if all {
+				clear(mc.pending)
+				mc.overflow = false
+			}
+			for _, e := range ids {
+				delete(mc.pending, e)
+			}
+			mc.checkDrained()
+		}
+	case pulsarpb.BaseCommand_CLOSE_CONSUMER:
+		if wire.DecodeCommand(f, &s.cmd) != nil {
+			return actForward
+		}
+		c := s.cmd.GetCloseConsumer()
+		mc := s.ks[c.GetConsumerId()]
+		if mc == nil {
+			return actForward
+		}
+		if mc.state == mcHeld || mc.state == mcAway {
+			// Nothing of it at the broker: the proxy answers the close itself.
+			mc.forget("the client closed it")
+			s.writeOwn(toClient, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_SUCCESS.Enum(),
+				Success: &pulsarpb.CommandSuccess{RequestId: proto.Uint64(c.GetRequestId())}})
+			return actDone
+		}
+		if mc.timer != nil {
+			mc.timer.Stop()
+		}
+		mc.state, mc.reqID = mcLeaving, c.GetRequestId()
+		s.ksRequest(mc, mc.reqID)
+	}
+	return actForward
+}
+
+// ksFromBroker sees the broker's consumer frames and answers on a session with managed
+// consumers. Runs on the loop, inside the pump.
+func (s *session) ksFromBroker(f wire.Frame) frameAction {
+	t := f.Type()
+	switch t {
+	case pulsarpb.BaseCommand_MESSAGE:
+		return s.ksMessage(f.Command())
+	case pulsarpb.BaseCommand_SUCCESS, pulsarpb.BaseCommand_ERROR:
+		if len(s.ksReqs) == 0 || wire.DecodeCommand(f, &s.cmd) != nil {
+			return actForward
+		}
+		req := s.cmd.GetSuccess().GetRequestId()
+		var ce *pulsarpb.CommandError
+		if t == pulsarpb.BaseCommand_ERROR {
+			ce = s.cmd.GetError()
+			req = ce.GetRequestId()
+		}
+		mc := s.ksReqs[req]
+		if mc == nil || mc.reqID != req {
+			return actForward
+		}
+		delete(s.ksReqs, req)
+		return mc.answered(ce)
+	case pulsarpb.BaseCommand_CLOSE_CONSUMER:
+		id, ok := wire.ConsumerID(f.Command(), t)
+		if mc := s.ks[id]; ok && mc != nil && mc.state <= mcDraining {
+			// The broker closed it (a topic unload): the client resubscribes as after a release.
+			s.srv.m.keyShared[ksBrokerClosed].Add(1)
+			if mc.timer != nil {
+				mc.timer.Stop()
+			}
+			mc.state = mcAway
+			clear(mc.pending)
+			mc.ticket.Released()
+		}
+	}
+	return actForward
+}
+
+// ksDrops reports whether a MESSAGE, seen by its command bytes, is for a consumer being
+// closed (so it is not cut through: the whole frame is dropped).
+func (s *session) ksDrops(cmd []byte) bool {
+	id, _, ok := wire.MessageEntry(cmd)
+	mc := s.ks[id]
+	return ok && mc != nil && (mc.state == mcClosing || mc.state == mcAway)
+}
+
+// ksMessage tracks a MESSAGE (from its command bytes: the whole frame's, or a cut-through
+// head's) and says whether it goes on.
+func (s *session) ksMessage(cmd []byte) frameAction {
+	id, e, ok := wire.MessageEntry(cmd)
+	mc := s.ks[id]
+	if !ok || mc == nil {
+		return actForward
+	}
+	switch mc.state {
+	case mcClosing, mcAway:
+		s.srv.m.keyShared[ksDropped].Add(1)
+		return actDone // dispatched before the close: the broker redelivers it to the next owner
+	}
+	if len(mc.pending) < maxTrackedEntries {
+		mc.pending[e] = struct{}{}
+	} else {
+		mc.overflow = true
+	}
+	return actForward
+}
+
+// answered takes the broker's answer to what the proxy sent for mc; ce is nil for SUCCESS.
+func (mc *managedConsumer) answered(ce *pulsarpb.CommandError) frameAction {
+	s := mc.s
+	switch mc.state {
+	case mcSubscribing:
+		if ce == nil {
+			mc.state = mcActive
+			mc.ticket.Subscribed()
+			if mc.release {
+				mc.release = false
+				s.onLoop(mc.startRelease)
+			}
+			return actForward // the client's own request id: its answer
+		}
+		if (ce.GetError() == pulsarpb.ServerError_ConsumerAssignError || ce.GetError() == pulsarpb.ServerError_ConsumerBusy) && mc.retries < subscribeRetries {
+			// Most likely the previous owner's close, on another connection, has not reached the
+			// broker's dispatcher yet.
+			mc.retries++
+			s.srv.m.keyShared[ksRetry].Add(1)
+			mc.state = mcHeld
+			time.AfterFunc(subscribeRetryDelay, func() {
+				s.onLoop(func() {
+					if mc.current() && mc.state == mcHeld {
+						mc.sendSubscribe()
+					}
+				})
+			})
+			return actDone
+		}
+		mc.forget(fmt.Sprintf("the broker refused its subscribe (%s: %s) after %d retries", ce.GetError(), ce.GetMessage(), mc.retries))
+		return actForward
+	case mcClosing:
+		mc.closed()
+		return actDone // the proxy's own request
+	case mcLeaving:
+		mc.forget("the client closed it")
+		return actForward
+	}
+	return actForward
+}
+
+// ksClose leaves every managed consumer of a closing session. Runs on the loop.
+func (s *session) ksClose() {
+	for _, mc := range s.ks {
+		if mc.state == mcAway {
+			// Released: clients often resubscribe on a new connection and close this one; the
+			// manager keeps the place for the away timeout (keyshared contract 4).
+			continue
+		}
+		mc.log("managed Key_Shared consumer leaves with its connection")
+		if mc.timer != nil {
+			mc.timer.Stop()
+		}
+		mc.ticket.Leave()
+	}
+	s.ks, s.ksReqs = nil, nil
+}
