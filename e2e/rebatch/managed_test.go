@@ -426,3 +426,42 @@ func TestManagedKeySharedGivesDefaultConsumersWholeBuckets(t *testing.T) {
 		t.Fatalf("through the proxy: want 0 wrong owners, 0 interleaved keys, 0 out of order, 0 lost, 0 duplicates")
 	}
 }
+
+// Given a buckets topic reached through two proxy instances, and a default Key_Shared
+// consumer subscribed through the first (the proxy gives it every bucket),
+// when a second default consumer of the same subscription subscribes through the second proxy,
+// then the broker refuses its overlapping STICKY range and the client's subscribe fails with
+// that error (after the proxy's retries), while the first consumer keeps receiving everything.
+func TestManagedKeySharedSubscriptionIsOwnedByOneProxy(t *testing.T) {
+	b := harness.Default(t)
+	ns := newNamespace(t, b, "managed-two")
+	topic := "persistent://" + ns + "/t"
+	pol := rebatch.Policy{Kind: rebatch.Buckets, Buckets: 4, MaxDelay: 5 * time.Millisecond}
+	url1, url2 := startProxy(t, b, ns, pol), startProxy(t, b, ns, pol)
+	first := newManagedConsumers(t, url1, topic)
+	first.startGo("via-first")
+	settledRanges(t, b, topic, "via-first")
+
+	start := time.Now()
+	c, err := newClient(t, url2).Subscribe(pulsar.ConsumerOptions{Topic: topic, SubscriptionName: "ks", Type: pulsar.KeyShared, Name: "via-second"})
+	t.Logf("subscribe through the second proxy after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	if err == nil {
+		c.Close()
+		t.Fatalf("a second proxy's consumer joined the subscription; the broker should refuse its overlapping range")
+	}
+	keys := managedKeys(500)
+	prod, err := newClient(t, url1).CreateProducer(pulsar.ProducerOptions{Topic: topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	produceManaged(t, prod, keys, 0, len(keys))
+	prod.Close()
+	waitConsumed(t, b, topic)
+	r := judge(first.wait(), keys, []map[string][][2]int{{"via-first": {{0, route.FullRange - 1}}}}, func(k string) int {
+		return route.StickySlot(route.StickyKey(route.KeyFields{PartitionKey: k, HasPartitionKey: true}))
+	}, 0)
+	t.Logf("first proxy's consumer: %d received (%d distinct of %d), %d lost, %d duplicates", r.received, r.distinct, len(keys), r.lost, r.duplicates)
+	if r.lost != 0 || r.duplicates != 0 || r.wrongOwner != 0 {
+		t.Fatalf("the first proxy's consumer lost %d, got %d twice, %d not its own", r.lost, r.duplicates, r.wrongOwner)
+	}
+}
