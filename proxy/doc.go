@@ -137,7 +137,11 @@
 //     LOOKUP_RESPONSE, PRODUCER, SUBSCRIBE, SEND_ERROR, AUTH_RESPONSE,
 //     AUTH_CHALLENGE (on a proxy-role connection), CLOSE_PRODUCER and
 //     CLOSE_CONSUMER; and, by the producer path, what its policy needs of a
-//     producer's frames (rebatch: SEND and its receipts).
+//     producer's frames (rebatch: SEND and its receipts). On a session with
+//     a managed Key_Shared consumer (keyshared.go), MESSAGE, FLOW, ACK and
+//     REDELIVER_UNACKNOWLEDGED_MESSAGES are read for their consumer and
+//     entry ids (no decode, no allocation; a map insert or delete per
+//     entry), and SUCCESS and ERROR decoded while the proxy awaits an answer.
 //  8. Cut-through. A frame is normally forwarded once all of it has been
 //     read. A MESSAGE of at least 16 KiB, and a SEND of that size that the
 //     ProducerPath lets go on from its command alone (HeadForwarder: a

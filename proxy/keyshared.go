@@ -73,12 +73,13 @@ type managedConsumer struct {
 	ranges     []keyshared.Range
 	state      mcState
 	release    bool // a release came while subscribing
-	settling   bool
 	pending    map[wire.EntryID]struct{}
 	overflow   bool // pending is incomplete
-	timer      *time.Timer
-	reqID      uint64 // the request id of what is at the broker for it (subscribe, close)
-	retries    int
+	// Deadlines (unix ns, 0 none), run by ksTick from the server's ticker: the end of the ack
+	// settle, of the drain, and a subscribe retry.
+	settleAt, drainAt, retryAt int64
+	reqID                      uint64 // the request id of what is at the broker for it (subscribe, close)
+	retries                    int
 }
 
 // ksMember adapts a managedConsumer to keyshared.Member: callbacks come from any goroutine and
@@ -202,29 +203,28 @@ func (mc *managedConsumer) startRelease() {
 	mc.state = mcDraining
 	mc.log("releasing managed Key_Shared consumer for a rebalance: waiting for it to acknowledge what it was sent",
 		"unacknowledged_entries", len(mc.pending), "limit", mc.s.srv.cfg.HandoffTimeout)
-	mc.timer = time.AfterFunc(mc.s.srv.cfg.HandoffTimeout, func() { mc.s.onLoop(mc.drainExpired) })
+	mc.drainAt = mc.s.nowNS() + int64(mc.s.srv.cfg.HandoffTimeout)
 	mc.checkDrained()
+	mc.s.ksArm()
 }
 
+// checkDrained starts the ack settle once nothing is unacknowledged, and cancels it when
+// something is again (the broker may still use permits it had).
 func (mc *managedConsumer) checkDrained() {
-	if mc.state == mcDraining && len(mc.pending) == 0 && !mc.overflow && !mc.settling {
-		mc.settling = true
-		time.AfterFunc(ackSettle, func() {
-			mc.s.onLoop(func() {
-				mc.settling = false
-				if mc.current() && mc.state == mcDraining && len(mc.pending) == 0 && !mc.overflow {
-					mc.s.srv.m.keyShared[ksDrained].Add(1)
-					mc.closeAtBroker()
-				}
-			})
-		})
+	if mc.state != mcDraining {
+		return
+	}
+	if len(mc.pending) > 0 || mc.overflow {
+		mc.settleAt = 0
+		return
+	}
+	if mc.settleAt == 0 {
+		mc.settleAt = mc.s.nowNS() + int64(ackSettle)
+		mc.s.ksArm()
 	}
 }
 
 func (mc *managedConsumer) drainExpired() {
-	if !mc.current() || mc.state != mcDraining {
-		return
-	}
 	mc.s.srv.m.keyShared[ksDrainTimeout].Add(1)
 	mc.s.logger().Warn("managed Key_Shared consumer did not acknowledge what it was sent within the handoff timeout; closing it anyway, the broker redelivers the rest to the buckets' next owner",
 		"topic", mc.topic, "subscription", mc.sub, "consumer_id", mc.id, "consumer_name", mc.name,
@@ -234,9 +234,7 @@ func (mc *managedConsumer) drainExpired() {
 
 // closeAtBroker is step 2.
 func (mc *managedConsumer) closeAtBroker() {
-	if mc.timer != nil {
-		mc.timer.Stop()
-	}
+	mc.settleAt, mc.drainAt = 0, 0
 	mc.state, mc.reqID = mcClosing, mc.s.ids.next()
 	mc.s.ksRequest(mc, mc.reqID)
 	mc.s.writeOwn(toBroker, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_CONSUMER.Enum(),
@@ -257,9 +255,7 @@ func (mc *managedConsumer) closed() {
 // forget removes mc from the session and the manager.
 func (mc *managedConsumer) forget(why string) {
 	mc.log("managed Key_Shared consumer leaves its subscription", "why", why)
-	if mc.timer != nil {
-		mc.timer.Stop()
-	}
+	mc.settleAt, mc.drainAt, mc.retryAt = 0, 0, 0
 	if mc.current() {
 		delete(mc.s.ks, mc.id)
 	}
@@ -333,9 +329,7 @@ func (s *session) ksFromClient(f wire.Frame) frameAction {
 				Success: &pulsarpb.CommandSuccess{RequestId: proto.Uint64(c.GetRequestId())}})
 			return actDone
 		}
-		if mc.timer != nil {
-			mc.timer.Stop()
-		}
+		mc.settleAt, mc.drainAt = 0, 0
 		mc.state, mc.reqID = mcLeaving, c.GetRequestId()
 		s.ksRequest(mc, mc.reqID)
 	}
@@ -370,9 +364,7 @@ func (s *session) ksFromBroker(f wire.Frame) frameAction {
 		if mc := s.ks[id]; ok && mc != nil && mc.state <= mcDraining {
 			// The broker closed it (a topic unload): the client resubscribes as after a release.
 			s.srv.m.keyShared[ksBrokerClosed].Add(1)
-			if mc.timer != nil {
-				mc.timer.Stop()
-			}
+			mc.settleAt, mc.drainAt = 0, 0
 			mc.state = mcAway
 			clear(mc.pending)
 			mc.ticket.Released()
@@ -407,6 +399,7 @@ func (s *session) ksMessage(cmd []byte) frameAction {
 	} else {
 		mc.overflow = true
 	}
+	mc.checkDrained()
 	return actForward
 }
 
@@ -430,13 +423,8 @@ func (mc *managedConsumer) answered(ce *pulsarpb.CommandError) frameAction {
 			mc.retries++
 			s.srv.m.keyShared[ksRetry].Add(1)
 			mc.state = mcHeld
-			time.AfterFunc(subscribeRetryDelay, func() {
-				s.onLoop(func() {
-					if mc.current() && mc.state == mcHeld {
-						mc.sendSubscribe()
-					}
-				})
-			})
+			mc.retryAt = s.nowNS() + int64(subscribeRetryDelay)
+			s.ksArm()
 			return actDone
 		}
 		mc.forget(fmt.Sprintf("the broker refused its subscribe (%s: %s) after %d retries", ce.GetError(), ce.GetMessage(), mc.retries))
@@ -453,6 +441,7 @@ func (mc *managedConsumer) answered(ce *pulsarpb.CommandError) frameAction {
 
 // ksClose leaves every managed consumer of a closing session. Runs on the loop.
 func (s *session) ksClose() {
+	s.ksDeadline.Store(0)
 	for _, mc := range s.ks {
 		if mc.state == mcAway {
 			// Released: clients often resubscribe on a new connection and close this one; the
@@ -460,10 +449,53 @@ func (s *session) ksClose() {
 			continue
 		}
 		mc.log("managed Key_Shared consumer leaves with its connection")
-		if mc.timer != nil {
-			mc.timer.Stop()
-		}
 		mc.ticket.Leave()
 	}
 	s.ks, s.ksReqs = nil, nil
+}
+
+func (s *session) nowNS() int64 { return s.srv.clock().UnixNano() }
+
+// ksArm publishes the earliest deadline of the session's managed consumers for the ticker.
+// Runs on the loop.
+func (s *session) ksArm() {
+	var next int64
+	for _, mc := range s.ks {
+		for _, d := range [...]int64{mc.settleAt, mc.drainAt, mc.retryAt} {
+			if d != 0 && (next == 0 || d < next) {
+				next = d
+			}
+		}
+	}
+	s.ksDeadline.Store(next)
+}
+
+// ksTickAsync asks the loop to run ksTick. Called from the ticker goroutine once ksDeadline
+// has passed.
+func (s *session) ksTickAsync() {
+	if !s.ksTickQueued.CompareAndSwap(false, true) {
+		return
+	}
+	s.onLoop(func() {
+		s.ksTickQueued.Store(false)
+		s.ksTick()
+	})
+}
+
+// ksTick runs the managed consumers' due deadlines. Runs on the loop, outside the pump.
+func (s *session) ksTick() {
+	now := s.nowNS()
+	for _, mc := range s.ks {
+		switch {
+		case mc.state == mcDraining && mc.settleAt != 0 && now >= mc.settleAt:
+			s.srv.m.keyShared[ksDrained].Add(1)
+			mc.closeAtBroker()
+		case mc.state == mcDraining && mc.drainAt != 0 && now >= mc.drainAt:
+			mc.drainExpired()
+		case mc.state == mcHeld && mc.retryAt != 0 && now >= mc.retryAt:
+			mc.retryAt = 0
+			mc.sendSubscribe()
+		}
+	}
+	s.ksArm()
 }

@@ -368,6 +368,13 @@ func (s *Server) OnTick() (time.Duration, gnet.Action) {
 		case ss.pausedAny.Load() || ss.offLoop.Load() > 0:
 			ss.resumeAsync()
 		}
+		if kd := ss.ksDeadline.Load(); kd != 0 {
+			if now >= kd {
+				ss.ksTickAsync()
+			} else {
+				next = min(next, kd-now)
+			}
+		}
 		if pd := ss.pathDeadline.Load(); pd != 0 {
 			if now >= pd {
 				ss.tickAsync()

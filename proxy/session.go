@@ -58,6 +58,10 @@ type session struct {
 	// published for the ticker; tickQueued dedups its tick tasks.
 	pathDeadline atomic.Int64
 	tickQueued   atomic.Bool
+	// ksDeadline (unix ns, 0 = none) is the earliest deadline of the session's managed
+	// Key_Shared consumers (keyshared.go); ksTickQueued as tickQueued.
+	ksDeadline   atomic.Int64
+	ksTickQueued atomic.Bool
 	// drainDeadline (unix ns, 0 = none) bounds how long the broker side stays
 	// open after the client left with chunks in flight (clientGone).
 	drainDeadline atomic.Int64

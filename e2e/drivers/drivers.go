@@ -298,6 +298,7 @@ type ProduceSpec struct {
 	KeyMode          string // "", "none", "fixed", "random" or "seq"
 	Keys             int    // distinct keys for random|seq (key-0..key-<K-1>); 0: 10
 	OrderingKey      bool   // also set the key as ordering key
+	EmptyKey         bool   // Java drivers only: key index 0 is the empty key "" (.key("")) instead of key-0
 	Properties       string // "k=v,..."; "{i}" and "{i%N}" in values are expanded per message
 	Compression      string // "", "none", "lz4", "zlib", "zstd", "snappy"
 	Chunking         bool
@@ -346,6 +347,9 @@ func (s ProduceSpec) Args() []string {
 	}
 	if s.Keys > 0 {
 		a = append(a, "--keys", strconv.Itoa(s.Keys))
+	}
+	if s.EmptyKey {
+		a = append(a, "--empty-key=true")
 	}
 	if s.OrderingKey {
 		a = append(a, "--ordering-key=true")

@@ -25,8 +25,9 @@ type keySharedRun struct {
 	outOfOrder int // messages of a key received after a later message of that key
 }
 
-// runKeyShared subscribes the four consumers on the broker, produces msgs through url with
-// default batching, and counts what each consumer got.
+// runKeyShared subscribes the four consumers through url (the broker, or the proxy, which
+// leaves ranges the application chose alone), produces msgs through url with default
+// batching, and counts what each consumer got.
 func runKeyShared(t *testing.T, b *harness.Broker, url, topic string, keys []string) keySharedRun {
 	t.Helper()
 	ring, err := route.NewEqualBuckets(4)
@@ -42,7 +43,7 @@ func runKeyShared(t *testing.T, b *harness.Broker, url, topic string, keys []str
 		}
 		opts = append(opts, pulsar.ConsumerOptions{Name: fmt.Sprintf("bucket-%d", i), KeySharedPolicy: policy})
 	}
-	ch, stop := keySharedConsumers(t, b, topic, opts, len(keys))
+	ch, stop := keySharedConsumers(t, url, topic, opts, len(keys)) // aligned: the proxy leaves their ranges alone
 	produceKeyed(t, url, topic, keys, true)
 
 	var run keySharedRun
@@ -71,7 +72,8 @@ func runKeyShared(t *testing.T, b *harness.Broker, url, topic string, keys []str
 	return run
 }
 
-// Given four Key_Shared STICKY consumers whose hash ranges are aligned to four equal buckets,
+// Given four Key_Shared STICKY consumers whose hash ranges are aligned to four equal buckets
+// (the application's own ranges: through the proxy they are not managed),
 // when a producer with default batching sends 10,000 messages with random keys (a fifth of
 // them invalid UTF-8, one message in twenty keyless), once
 // directly to the broker and once through the proxy's buckets policy,

@@ -3,6 +3,7 @@ package rebatch_test
 import (
 	"fmt"
 	"math/rand"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -92,12 +93,12 @@ type delivery struct {
 }
 
 // keySharedConsumers subscribes one Key_Shared consumer per options (subscription "ks",
-// earliest; Topic, SubscriptionName, Type and the initial position are set here) directly on
-// the broker, acknowledges everything they receive and reports it on the channel (buffered for
+// earliest; Topic, SubscriptionName, Type and the initial position are set here) through url,
+// acknowledges everything they receive and reports it on the channel (buffered for
 // n). stop closes the consumers.
-func keySharedConsumers(t *testing.T, b *harness.Broker, topic string, opts []pulsar.ConsumerOptions, n int) (<-chan delivery, func()) {
+func keySharedConsumers(t *testing.T, url, topic string, opts []pulsar.ConsumerOptions, n int) (<-chan delivery, func()) {
 	t.Helper()
-	direct := newClient(t, b.ServiceURL)
+	direct := newClient(t, url)
 	ch := make(chan delivery, n)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -136,24 +137,102 @@ func keySharedConsumers(t *testing.T, b *harness.Broker, topic string, opts []pu
 // batching (10 ms delay) or not, and waits for every receipt.
 func produceKeyed(t *testing.T, url, topic string, keys []string, batching bool) {
 	t.Helper()
+	prod := keyedProducer(t, url, topic, batching)
+	sendKeyed(t, prod, keys, 0, len(keys))
+	prod.Close()
+}
+
+func keyedProducer(t *testing.T, url, topic string, batching bool) pulsar.Producer {
+	t.Helper()
 	prod, err := newClient(t, url).CreateProducer(pulsar.ProducerOptions{Topic: topic, DisableBatching: !batching,
 		BatchingMaxPublishDelay: 10 * time.Millisecond, MaxPendingMessages: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
-	msgs := make([]*pulsar.ProducerMessage, len(keys))
-	for i, k := range keys {
-		msgs[i] = &pulsar.ProducerMessage{Payload: []byte("m-" + strconv.Itoa(i)), Key: k}
+	return prod
+}
+
+// sendKeyed sends messages lo..hi-1 ("m-<i>", key keys[i]) and waits for their receipts.
+func sendKeyed(t *testing.T, prod pulsar.Producer, keys []string, lo, hi int) {
+	t.Helper()
+	msgs := make([]*pulsar.ProducerMessage, 0, hi-lo)
+	for i := lo; i < hi; i++ {
+		msgs = append(msgs, &pulsar.ProducerMessage{Payload: []byte("m-" + strconv.Itoa(i)), Key: keys[i]})
 	}
 	sendAll(t, prod, msgs)
+}
+
+// joinRun is what a default Key_Shared subscription of two consumers, joined by a third
+// mid-stream, received: keys that moved consumer once (the broker's handoff at the join),
+// keys that moved more often or came back (not a handoff), and per-consumer key order.
+type joinRun struct {
+	received, moved, unsettled, outOfOrder int
+}
+
+// runAutoSplitJoin subscribes two default consumers on the broker, sends the first half of
+// keys through url, subscribes a third, sends the rest, and judges the deliveries.
+func runAutoSplitJoin(t *testing.T, b *harness.Broker, url, topic string, keys []string, batching bool) joinRun {
+	t.Helper()
+	ch, stop := keySharedConsumers(t, b.ServiceURL, topic, defaultConsumers(2), len(keys))
+	prod := keyedProducer(t, url, topic, batching)
+	half := len(keys) / 2
+	sendKeyed(t, prod, keys, 0, half)
+	ch3, stop3 := keySharedConsumers(t, b.ServiceURL, topic, []pulsar.ConsumerOptions{{Name: "c2"}}, len(keys))
+	sendKeyed(t, prod, keys, half, len(keys))
 	prod.Close()
+	var got []delivery
+	deadline := time.After(2 * time.Minute)
+	for len(got) < len(keys) {
+		select {
+		case g := <-ch:
+			got = append(got, g)
+		case g := <-ch3:
+			g.consumer = 2
+			got = append(got, g)
+		case <-deadline:
+			t.Fatalf("%s: received %d of %d messages", topic, len(got), len(keys))
+		}
+	}
+	stop()
+	stop3()
+	var r joinRun
+	byKey := map[string][]delivery{}
+	last := map[[2]string]int{}
+	for _, g := range got {
+		r.received++
+		if g.key == "" {
+			continue
+		}
+		byKey[g.key] = append(byKey[g.key], g)
+		k := [2]string{strconv.Itoa(g.consumer), g.key}
+		if p, ok := last[k]; ok && g.idx < p {
+			r.outOfOrder++
+		}
+		last[k] = g.idx
+	}
+	for _, ds := range byKey {
+		sort.Slice(ds, func(a, b int) bool { return ds[a].idx < ds[b].idx })
+		switches := 0
+		for j := 1; j < len(ds); j++ {
+			if ds[j].consumer != ds[j-1].consumer {
+				switches++
+			}
+		}
+		switch {
+		case switches == 1:
+			r.moved++
+		case switches > 1:
+			r.unsettled++
+		}
+	}
+	return r
 }
 
 // runAutoSplit subscribes that many default Key_Shared consumers on the broker, produces
 // keys through url (batching or not), and counts what they got and what the broker stored.
 func runAutoSplit(t *testing.T, b *harness.Broker, url, topic string, keys []string, consumers int, batching bool) autoSplitRun {
 	t.Helper()
-	ch, stop := keySharedConsumers(t, b, topic, defaultConsumers(consumers), len(keys))
+	ch, stop := keySharedConsumers(t, b.ServiceURL, topic, defaultConsumers(consumers), len(keys))
 	produceKeyed(t, url, topic, keys, batching)
 
 	run := countAutoSplit(t, ch, len(keys), topic)
@@ -197,12 +276,14 @@ func countAutoSplit(t *testing.T, ch <-chan delivery, n int, topic string) autoS
 	return run
 }
 
-// Given a default Key_Shared subscription (AUTO_SPLIT) of two and then of three consumers, and
+// Given a default Key_Shared subscription (AUTO_SPLIT) of two and then of three consumers (and
+// of two joined by a third mid-stream), and
 // a pulsar-client-go producer sending 3,000 messages over 200 keys (a quarter of them invalid
 // UTF-8, one message in ten keyless), unbatched and then with default batching,
 // when it sends directly, and through the proxy under passthrough, coalesce and properties,
 // then through coalesce and properties (split_keys on, the default) no key reaches more than
-// one consumer and per-key order holds, batching or not; directly, batches mixing keys split
+// one consumer (with a consumer joining: a key moves at most once, at the broker's handoff) and
+// per-key order holds, batching or not; directly, batches mixing keys split
 // keys across consumers. Entries per message are printed beside passthrough's.
 func TestKeySharedDeliveryUnderRewritingPolicies(t *testing.T) {
 	b := harness.Default(t)
@@ -211,6 +292,14 @@ func TestKeySharedDeliveryUnderRewritingPolicies(t *testing.T) {
 	for _, path := range keySharedPaths {
 		ns, url := path.open(t, b, "ks")
 		for _, batching := range []bool{false, true} {
+			topic := fmt.Sprintf("persistent://%s/b%v-join", ns, batching)
+			j := runAutoSplitJoin(t, b, url, topic, keys, batching)
+			t.Logf("%-11s batching=%-5v 2 consumers, a third joining mid-stream: %d messages, %d keys moved once (the broker's handoff at the join), %d keys moved more often, %d out of key order",
+				path.name, batching, j.received, j.moved, j.unsettled, j.outOfOrder)
+			if path.rewrites() && (j.unsettled != 0 || j.outOfOrder != 0) {
+				t.Errorf("%s batching=%v: with a consumer joining, %d keys moved more than once, %d messages out of key order; want 0 and 0",
+					path.name, batching, j.unsettled, j.outOfOrder)
+			}
 			for _, consumers := range []int{2, 3} {
 				topic := fmt.Sprintf("persistent://%s/b%v-c%d", ns, batching, consumers)
 				run := runAutoSplit(t, b, url, topic, keys, consumers, batching)
@@ -236,7 +325,7 @@ func TestKeySharedDeliveryUnderRewritingPolicies(t *testing.T) {
 }
 
 // Given a default Key_Shared subscription (AUTO_SPLIT) of three consumers, and the released
-// Java 4.0.13 and Python 3.13.0 clients producing 2,000 messages over 200 random keys, with
+// Java 2.10.6, 4.0.13, Python 3.1.0 and 3.13.0 clients producing 2,000 messages over 200 random keys, with
 // their default batching and without,
 // when they send directly and through passthrough, coalesce and properties (split_keys on, the
 // default),
@@ -246,7 +335,7 @@ func TestKeySharedDeliveryUnderRewritingPolicies(t *testing.T) {
 func TestKeySharedDeliveryWithReleasedClients(t *testing.T) {
 	b := harness.Default(t)
 	const n, keys = 2000, 200
-	for _, name := range []string{"java-4.0.13", "python-3.13.0"} {
+	for _, name := range []string{"java-2.10.6", "java-4.0.13", "python-3.1.0", "python-3.13.0"} {
 		t.Run(name, func(t *testing.T) {
 			d := preparedDriver(t, name)
 			directSplit := 0
@@ -254,7 +343,7 @@ func TestKeySharedDeliveryWithReleasedClients(t *testing.T) {
 				ns, url := path.open(t, b, "ksd")
 				for _, batching := range []bool{false, true} {
 					topic := fmt.Sprintf("persistent://%s/b%v", ns, batching)
-					ch, stop := keySharedConsumers(t, b, topic, defaultConsumers(3), n)
+					ch, stop := keySharedConsumers(t, b.ServiceURL, topic, defaultConsumers(3), n)
 					res, err := d.Produce(ctxT(t, 3*time.Minute), drivers.ProduceSpec{URL: url, Topic: topic, Count: n,
 						Batching: drivers.Bool(batching), KeyMode: "random", Keys: keys, Properties: "i={i}", Timeout: 2 * time.Minute})
 					if err != nil {

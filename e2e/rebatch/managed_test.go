@@ -465,3 +465,73 @@ func TestManagedKeySharedSubscriptionIsOwnedByOneProxy(t *testing.T) {
 		t.Fatalf("the first proxy's consumer lost %d, got %d twice, %d not its own", r.lost, r.duplicates, r.wrongOwner)
 	}
 }
+
+// Given a buckets topic (4 buckets) and four default Key_Shared consumers of pulsar-client-go
+// v0.21.0, subscribed directly for the control and through the proxy (managed),
+// when a Java 2.10.6 producer with default batching sends 2,000 messages over 40 keys, one of
+// them the present-but-empty key "" (Java's .key("")),
+// then through the proxy every message, the empty-keyed ones included, reaches the consumer
+// whose broker-reported ranges hold its key's slot (the empty key hashed as empty, as the
+// broker does), while directly batches mixing keys reach consumers not owning them.
+func TestManagedKeySharedRoutesEmptyKeysAsTheBrokerDoes(t *testing.T) {
+	b := harness.Default(t)
+	java := preparedDriver(t, "java-2.10.6")
+	const n, nkeys = 2000, 40
+	keys := make([]string, n)
+	for i := range keys {
+		if k := i % nkeys; k != 0 {
+			keys[i] = "key-" + strconv.Itoa(k)
+		}
+	}
+	slot := func(k string) int {
+		return route.StickySlot(route.StickyKey(route.KeyFields{PartitionKey: k, HasPartitionKey: true}))
+	}
+	names := []string{"c0", "c1", "c2", "c3"}
+	for _, via := range []string{"direct", "proxy"} {
+		ns := newNamespace(t, b, "managed-empty-"+via)
+		topic := "persistent://" + ns + "/t"
+		url := b.ServiceURL
+		if via == "proxy" {
+			url = startProxy(t, b, ns, rebatch.Policy{Kind: rebatch.Buckets, Buckets: 4, MaxDelay: 5 * time.Millisecond})
+		}
+		cs := newManagedConsumers(t, url, topic)
+		for _, c := range names {
+			cs.startGo(c)
+		}
+		snap := settledRanges(t, b, topic, names...)
+		res, err := java.Produce(ctxT(t, 3*time.Minute), drivers.ProduceSpec{URL: url, Topic: topic, Count: n,
+			KeyMode: "seq", Keys: nkeys, EmptyKey: true, Timeout: 2 * time.Minute})
+		if err != nil || len(res.Acks) != n {
+			t.Fatalf("%s: java produce: %v", via, err)
+		}
+		waitConsumed(t, b, topic)
+		judgeSlot := slot
+		if via == "direct" {
+			judgeSlot = func(k string) int {
+				return route.ConsistentHashingSlot(route.StickyKey(route.KeyFields{PartitionKey: k, HasPartitionKey: true}))
+			}
+		}
+		// keys[i] == "" is the empty key here, not a keyless message: judge it like the others.
+		keyed := make([]string, n)
+		for i, k := range keys {
+			keyed[i] = k
+			if k == "" {
+				keyed[i] = "\x00empty"
+			}
+		}
+		r := judge(cs.wait(), keyed, []map[string][][2]int{snap}, func(k string) int {
+			if k == "\x00empty" {
+				k = ""
+			}
+			return judgeSlot(k)
+		}, 0)
+		t.Logf("%-6s: %d received (%d distinct of %d), %d to a consumer not owning the key, %d out of key order, %d lost, %d duplicates",
+			via, r.received, r.distinct, n, r.wrongOwner, r.outOfOrder, r.lost, r.duplicates)
+		switch {
+		case via == "proxy" && (r.wrongOwner != 0 || r.outOfOrder != 0 || r.lost != 0 || r.duplicates != 0):
+			t.Errorf("through the proxy: want 0 wrong owners, 0 out of order, 0 lost, 0 duplicates")
+		case via == "direct" && r.wrongOwner == 0:
+			t.Errorf("directly no message reached a consumer not owning its key: the workload shows nothing")
+		}
+	}
+}

@@ -369,6 +369,7 @@ public final class PulsarDriver {
             throw usage("unknown --key-mode " + keyMode);
         }
         boolean orderingKey = f.bool("ordering-key", false);
+        boolean emptyKey = f.bool("empty-key", false); // key index 0 is "" (present, empty) instead of key-0
         String schemaName = f.str("schema", "bytes");
         Schema<Object> schema = schema(schemaName);
         List<String[]> templates = new ArrayList<>();
@@ -493,6 +494,9 @@ public final class PulsarDriver {
                 case "seq": key = "key-" + (i % keys); break;
                 case "random": key = "key-" + rng.nextInt(keys); break;
                 default: break;
+            }
+            if (key != null && emptyKey && key.equals("key-0")) {
+                key = "";
             }
             if (key != null) {
                 mb = mb.key(key);

@@ -1,0 +1,172 @@
+package proxy
+
+import (
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rebatchproxy/rebatchproxy/keyshared"
+	"github.com/rebatchproxy/rebatchproxy/route"
+	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
+)
+
+// Specs of managed Key_Shared subscriptions (keyshared.go) on the connection core: raw frames
+// in, raw frames out, on the injected clock.
+
+const ksTopic = "persistent://t/n/managed"
+
+// managedCore is an established session of a server that manages ksTopic with 4 buckets.
+func managedCore(t *testing.T) *memLoop {
+	t.Helper()
+	ring, err := route.NewEqualBuckets(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return established(t, func(c *Config) {
+		c.ManagedKeyShared = func(topic string) keyshared.Ring {
+			if topic == ksTopic {
+				return ring
+			}
+			return nil
+		}
+	})
+}
+
+func ksSubscribe(consumer, req uint64, name string) *pulsarpb.BaseCommand {
+	return &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_SUBSCRIBE.Enum(), Subscribe: &pulsarpb.CommandSubscribe{
+		Topic: proto.String(ksTopic), Subscription: proto.String("s"), SubType: pulsarpb.CommandSubscribe_Key_Shared.Enum(),
+		ConsumerId: proto.Uint64(consumer), RequestId: proto.Uint64(req), ConsumerName: proto.String(name),
+		KeySharedMeta: &pulsarpb.KeySharedMeta{KeySharedMode: pulsarpb.KeySharedMode_AUTO_SPLIT.Enum()}}}
+}
+
+func ksSuccess(req uint64) *pulsarpb.BaseCommand {
+	return &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_SUCCESS.Enum(), Success: &pulsarpb.CommandSuccess{RequestId: proto.Uint64(req)}}
+}
+
+func ksFlow(consumer uint64) *pulsarpb.BaseCommand {
+	return &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_FLOW.Enum(), Flow: &pulsarpb.CommandFlow{
+		ConsumerId: proto.Uint64(consumer), MessagePermits: proto.Uint32(1000)}}
+}
+
+func ksMessage(consumer, entry uint64) *pulsarpb.BaseCommand {
+	return &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_MESSAGE.Enum(), Message: &pulsarpb.CommandMessage{
+		ConsumerId: proto.Uint64(consumer), MessageId: &pulsarpb.MessageIdData{LedgerId: proto.Uint64(9), EntryId: proto.Uint64(entry)}}}
+}
+
+func ksAck(consumer uint64, entries ...uint64) *pulsarpb.BaseCommand {
+	a := &pulsarpb.CommandAck{ConsumerId: proto.Uint64(consumer), AckType: pulsarpb.CommandAck_Individual.Enum()}
+	for _, e := range entries {
+		a.MessageId = append(a.MessageId, &pulsarpb.MessageIdData{LedgerId: proto.Uint64(9), EntryId: proto.Uint64(e)})
+	}
+	return &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_ACK.Enum(), Ack: a}
+}
+
+// stickyRanges returns the hash ranges of a STICKY SUBSCRIBE, or nil for another.
+func stickyRanges(c *pulsarpb.BaseCommand) [][2]int32 {
+	ks := c.GetSubscribe().GetKeySharedMeta()
+	if ks.GetKeySharedMode() != pulsarpb.KeySharedMode_STICKY {
+		return nil
+	}
+	var out [][2]int32
+	for _, r := range ks.GetHashRanges() {
+		out = append(out, [2]int32{r.GetStart(), r.GetEnd()})
+	}
+	return out
+}
+
+// Given a server managing a topic of 4 buckets,
+// when a client subscribes to it Key_Shared in AUTO_SPLIT mode,
+// then the broker gets the SUBSCRIBE as STICKY over the whole ring, under the client's request
+// id, and the broker's answer reaches the client.
+func TestCoreManagedSubscribeGoesOutAsStickyWholeBuckets(t *testing.T) {
+	l := managedCore(t)
+
+	l.feed(l.client, frame(t, ksSubscribe(1, 10, "a")))
+
+	got := decodeAll(t, l.broker.take())
+	if len(got) != 1 || got[0].GetSubscribe().GetRequestId() != 10 || len(stickyRanges(got[0])) != 1 || stickyRanges(got[0])[0] != [2]int32{0, 65535} {
+		t.Fatalf("broker got %v", got)
+	}
+	l.feed(l.broker, frame(t, ksSuccess(10)))
+	if got := decodeAll(t, l.client.take()); len(got) != 1 || got[0].GetSuccess().GetRequestId() != 10 {
+		t.Fatalf("client got %v", got)
+	}
+}
+
+// Given a managed consumer holding every bucket, with two entries delivered and not yet
+// acknowledged,
+// when a second consumer of the subscription subscribes,
+// then the first is drained before its buckets move: its FLOW no longer reaches the broker,
+// the proxy closes it at the broker only once both entries are acknowledged and the ack
+// settle has passed, drops a MESSAGE the broker still sends it, tells the client to
+// resubscribe (CLOSE_CONSUMER), and only then sends the second consumer's SUBSCRIBE (upper
+// half); the first's resubscribe gets the lower half.
+func TestCoreManagedHandoffDrainsTheOwnerBeforeMovingBuckets(t *testing.T) {
+	l := managedCore(t)
+	l.feed(l.client, frame(t, ksSubscribe(1, 10, "a")))
+	l.feed(l.broker, frame(t, ksSuccess(10)))
+	l.feed(l.broker, frame(t, ksMessage(1, 1)), frame(t, ksMessage(1, 2)))
+	l.client.take()
+	l.broker.take()
+
+	l.feed(l.client, frame(t, ksSubscribe(2, 11, "b")))
+
+	if got := decodeAll(t, l.broker.take()); len(got) != 0 {
+		t.Fatalf("broker got %v while the first consumer still holds the buckets", got)
+	}
+	l.feed(l.client, frame(t, ksFlow(1)), frame(t, ksAck(1, 1)))
+	if got := decodeAll(t, l.broker.take()); len(got) != 1 || got[0].GetType() != pulsarpb.BaseCommand_ACK {
+		t.Fatalf("broker got %v; want the ACK alone (FLOW withheld)", got)
+	}
+	l.feed(l.client, frame(t, ksAck(1, 2)))
+	l.broker.take()
+	l.tick(100 * time.Millisecond)
+	if got := decodeAll(t, l.broker.take()); len(got) != 0 {
+		t.Fatalf("broker got %v before the ack settle passed", got)
+	}
+	l.tick(150 * time.Millisecond)
+	got := decodeAll(t, l.broker.take())
+	if len(got) != 1 || got[0].GetCloseConsumer().GetConsumerId() != 1 || !isOwnID(got[0].GetCloseConsumer().GetRequestId()) {
+		t.Fatalf("broker got %v; want the proxy's CLOSE_CONSUMER of consumer 1", got)
+	}
+	closeReq := got[0].GetCloseConsumer().GetRequestId()
+	l.feed(l.broker, frame(t, ksMessage(1, 3)))
+	if got := decodeAll(t, l.client.take()); len(got) != 0 {
+		t.Fatalf("client got %v from a consumer being closed", got)
+	}
+	l.feed(l.broker, frame(t, ksSuccess(closeReq)))
+	if got := decodeAll(t, l.client.take()); len(got) != 1 || got[0].GetCloseConsumer().GetConsumerId() != 1 {
+		t.Fatalf("client got %v; want CLOSE_CONSUMER of consumer 1", got)
+	}
+	got = decodeAll(t, l.broker.take())
+	if len(got) != 1 || got[0].GetSubscribe().GetConsumerId() != 2 || stickyRanges(got[0])[0] != [2]int32{32768, 65535} {
+		t.Fatalf("broker got %v; want consumer 2's SUBSCRIBE for the upper half", got)
+	}
+	l.feed(l.client, frame(t, ksSubscribe(1, 12, "a")))
+	got = decodeAll(t, l.broker.take())
+	if len(got) != 1 || got[0].GetSubscribe().GetConsumerId() != 1 || stickyRanges(got[0])[0] != [2]int32{0, 32767} {
+		t.Fatalf("broker got %v; want consumer 1's resubscribe for the lower half", got)
+	}
+}
+
+// Given a managed consumer being drained that never acknowledges what it was sent,
+// when the handoff timeout passes,
+// then the proxy closes it at the broker anyway (the broker redelivers), and counts it.
+func TestCoreManagedHandoffTimesOut(t *testing.T) {
+	l := managedCore(t)
+	l.feed(l.client, frame(t, ksSubscribe(1, 10, "a")))
+	l.feed(l.broker, frame(t, ksSuccess(10)), frame(t, ksMessage(1, 1)))
+	l.feed(l.client, frame(t, ksSubscribe(2, 11, "b")))
+	l.broker.take()
+
+	l.tick(l.srv.cfg.HandoffTimeout + time.Millisecond)
+
+	got := decodeAll(t, l.broker.take())
+	if len(got) != 1 || got[0].GetCloseConsumer().GetConsumerId() != 1 {
+		t.Fatalf("broker got %v; want CLOSE_CONSUMER of consumer 1", got)
+	}
+	if n := l.srv.m.keyShared[ksDrainTimeout].Load(); n != 1 {
+		t.Fatalf("drain timeouts counted %d, want 1", n)
+	}
+}
