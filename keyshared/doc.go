@@ -17,7 +17,8 @@
 //     there is no standby.
 //  3. Handoff. When the set of consumers changes (one joins, one leaves), every consumer whose
 //     block changes is released: the proxy stops passing its FLOW permits to the broker, waits
-//     until it has acknowledged every entry it was sent (or HandoffTimeout passes), closes it
+//     until it has acknowledged every entry it was sent and stays so for a short settle (the
+//     broker applies acknowledgments asynchronously), or HandoffTimeout passes, closes it
 //     at the broker, drops what the broker still sends it, and sends the client CLOSE_CONSUMER,
 //     the broker's own "resubscribe" signal. The client's resubscribe gets its new block once no
 //     other consumer still holds any of it at the broker. A bucket therefore moves only after

@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
+	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -77,113 +79,153 @@ func parsePolicies(v *yaml.Node) (*route.Matcher[rebatch.Policy], error) {
 	return m, nil
 }
 
+// ruleYAML is one rule of the policies section as written. Its yaml tags are the rule's keys;
+// parseRule refuses any other (TestPolicyKeysDocumented keeps policyKeys, the help, in step).
+type ruleYAML struct {
+	Topics          string              `yaml:"topics"`
+	Policy          string              `yaml:"policy"`
+	MaxMessages     *positiveInt        `yaml:"max_messages"`
+	MaxBytes        *byteSize           `yaml:"max_bytes"`
+	MaxDelay        *positiveDuration   `yaml:"max_delay"`
+	Compression     *compressionName    `yaml:"compression"`
+	Restricted      map[string][]string `yaml:"restricted"`
+	MergeProducers  bool                `yaml:"merge_producers"`
+	HoldWhenIdle    bool                `yaml:"hold_when_idle"`
+	SplitKeys       *bool               `yaml:"split_keys"`
+	ManageKeyShared *bool               `yaml:"manage_key_shared"`
+	Buckets         *positiveInt        `yaml:"buckets"`
+	BucketStarts    []int               `yaml:"bucket_starts"`
+	MaxPendingSends *positiveInt        `yaml:"max_pending_sends"`
+}
+
+// ruleKeys returns the yaml keys of ruleYAML, in declaration order.
+func ruleKeys() []string {
+	t := reflect.TypeOf(ruleYAML{})
+	keys := make([]string, t.NumField())
+	for i := range keys {
+		keys[i] = t.Field(i).Tag.Get("yaml")
+	}
+	return keys
+}
+
+// positiveInt, positiveDuration and compressionName decode a rule's values, refusing what
+// the proxy would not accept with the key's line.
+type (
+	positiveInt      int
+	positiveDuration time.Duration
+	compressionName  pulsarpb.CompressionType
+)
+
+func (p *positiveInt) UnmarshalYAML(v *yaml.Node) error {
+	n, err := strconv.Atoi(v.Value)
+	if v.Kind != yaml.ScalarNode || err != nil || n <= 0 {
+		return fmt.Errorf("%q is not a positive integer", v.Value)
+	}
+	*p = positiveInt(n)
+	return nil
+}
+
+func (d *positiveDuration) UnmarshalYAML(v *yaml.Node) error {
+	x, err := time.ParseDuration(v.Value)
+	if v.Kind != yaml.ScalarNode || err != nil || x <= 0 {
+		return fmt.Errorf("%q is not a positive duration", v.Value)
+	}
+	*d = positiveDuration(x)
+	return nil
+}
+
+func (c *compressionName) UnmarshalYAML(v *yaml.Node) error {
+	x, ok := pulsarpb.CompressionType_value[strings.ToUpper(v.Value)]
+	if v.Kind != yaml.ScalarNode || !ok {
+		return fmt.Errorf("%q: want none, lz4, zlib, zstd or snappy", v.Value)
+	}
+	*c = compressionName(x)
+	return nil
+}
+
+// UnmarshalYAML implements yaml.Unmarshaler for sizes in config files.
+func (b *byteSize) UnmarshalYAML(v *yaml.Node) error {
+	if v.Kind != yaml.ScalarNode || b.Set(v.Value) != nil || *b <= 0 {
+		return fmt.Errorf("%q is not a positive size", v.Value)
+	}
+	return nil
+}
+
+// parseRule decodes one rule into ruleYAML: keys checked against its tags first (yaml.v3's
+// Node.Decode has no KnownFields), then each value decoded by its type, so errors name the key
+// and its line.
 func parseRule(n *yaml.Node) (route.Rule[rebatch.Policy], error) {
 	var r route.Rule[rebatch.Policy]
 	if n.Kind != yaml.MappingNode {
 		return r, fmt.Errorf("line %d: a rule is a mapping with keys topics, policy and optional limits", n.Line)
 	}
+	known := ruleKeys()
 	seen := map[string]bool{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
-		key := k.Value
-		if _, ok := policyKeys[key]; !ok {
-			return r, fmt.Errorf("line %d: unknown key %q (known: topics, policy, max_messages, max_bytes, max_delay, compression, restricted, merge_producers, hold_when_idle, split_keys, manage_key_shared, buckets, bucket_starts, max_pending_sends)", k.Line, key)
+		if !slices.Contains(known, k.Value) {
+			return r, fmt.Errorf("line %d: unknown key %q (known: %s)", k.Line, k.Value, strings.Join(known, ", "))
 		}
-		if seen[key] {
-			return r, fmt.Errorf("line %d: key %q given twice", k.Line, key)
+		if seen[k.Value] {
+			return r, fmt.Errorf("line %d: key %q given twice", k.Line, k.Value)
 		}
-		seen[key] = true
-		bad := func(format string, a ...any) error {
-			return fmt.Errorf("%s (line %d): %s", key, v.Line, fmt.Sprintf(format, a...))
-		}
-		s := v.Value
-		if key != "restricted" && key != "bucket_starts" && v.Kind != yaml.ScalarNode {
-			return r, bad("expected a single value")
-		}
-		switch key {
-		case "topics":
-			r.Pattern = s
-		case "policy":
-			r.Policy.Kind = rebatch.Kind(s)
-		case "max_messages":
-			n, err := strconv.Atoi(s)
-			if err != nil || n <= 0 {
-				return r, bad("%q is not a positive integer", s)
-			}
-			r.Policy.MaxMessages = n
-		case "max_bytes":
-			var b byteSize
-			if err := b.Set(s); err != nil || b <= 0 {
-				return r, bad("%q is not a positive size", s)
-			}
-			r.Policy.MaxBytes = int(b)
-		case "max_delay":
-			d, err := time.ParseDuration(s)
-			if err != nil || d <= 0 {
-				return r, bad("%q is not a positive duration", s)
-			}
-			r.Policy.MaxDelay = d
-		case "compression":
-			c, ok := pulsarpb.CompressionType_value[strings.ToUpper(s)]
-			if !ok {
-				return r, bad("%q: want none, lz4, zlib, zstd or snappy", s)
-			}
-			ct := pulsarpb.CompressionType(c)
-			r.Policy.Compression = &ct
-		case "merge_producers", "hold_when_idle", "split_keys", "manage_key_shared":
-			b, err := strconv.ParseBool(s)
-			if err != nil {
-				return r, bad("%q is not true or false", s)
-			}
-			switch key {
-			case "merge_producers":
-				r.Policy.MergeProducers = b
-			case "hold_when_idle":
-				r.Policy.HoldWhenIdle = b
-			case "manage_key_shared":
-				r.Policy.ManageKeyShared = &b
-			default:
-				r.Policy.SplitKeys = &b
-			}
-		case "buckets", "max_pending_sends":
-			n, err := strconv.Atoi(s)
-			if err != nil || n <= 0 {
-				return r, bad("%q is not a positive integer", s)
-			}
-			if key == "buckets" {
-				r.Policy.Buckets = n
-			} else {
-				r.Policy.MaxPendingSends = n
-			}
-		case "bucket_starts":
-			if err := v.Decode(&r.Policy.BucketStarts); err != nil || v.Kind != yaml.SequenceNode {
-				return r, bad("expected a list of integers")
-			}
-		case "restricted":
-			if v.Kind != yaml.MappingNode {
-				return r, bad("expected a mapping of property key to a list of allowed values")
-			}
-			r.Policy.Restricted = map[string][]string{}
-			for j := 0; j+1 < len(v.Content); j += 2 {
-				pk, pv := v.Content[j], v.Content[j+1]
-				var vals []string
-				if err := pv.Decode(&vals); err != nil {
-					return r, fmt.Errorf("restricted.%s (line %d): expected a list of values", pk.Value, pv.Line)
-				}
-				r.Policy.Restricted[pk.Value] = vals
-			}
+		seen[k.Value] = true
+		// Decode each key alone, so a bad value is reported with its key and line.
+		one := &yaml.Node{Kind: yaml.MappingNode, Content: []*yaml.Node{k, v}}
+		var probe ruleYAML
+		if err := one.Decode(&probe); err != nil {
+			return r, fmt.Errorf("%s (line %d): %s", k.Value, v.Line, yamlProblem(err))
 		}
 	}
-	if r.Pattern == "" {
+	var y ruleYAML
+	if err := n.Decode(&y); err != nil {
+		return r, fmt.Errorf("line %d: %s", n.Line, yamlProblem(err))
+	}
+	if y.Topics == "" {
 		return r, fmt.Errorf("line %d: key \"topics\" is required", n.Line)
 	}
-	if r.Policy.Kind == "" {
+	if y.Policy == "" {
 		return r, fmt.Errorf("line %d: key \"policy\" is required", n.Line)
+	}
+	r.Pattern = y.Topics
+	r.Policy = rebatch.Policy{Kind: rebatch.Kind(y.Policy), Restricted: y.Restricted, MergeProducers: y.MergeProducers,
+		HoldWhenIdle: y.HoldWhenIdle, SplitKeys: y.SplitKeys, ManageKeyShared: y.ManageKeyShared, BucketStarts: y.BucketStarts}
+	if y.MaxMessages != nil {
+		r.Policy.MaxMessages = int(*y.MaxMessages)
+	}
+	if y.MaxBytes != nil {
+		r.Policy.MaxBytes = int(*y.MaxBytes)
+	}
+	if y.MaxDelay != nil {
+		r.Policy.MaxDelay = time.Duration(*y.MaxDelay)
+	}
+	if y.Compression != nil {
+		c := pulsarpb.CompressionType(*y.Compression)
+		r.Policy.Compression = &c
+	}
+	if y.Buckets != nil {
+		r.Policy.Buckets = int(*y.Buckets)
+	}
+	if y.MaxPendingSends != nil {
+		r.Policy.MaxPendingSends = int(*y.MaxPendingSends)
 	}
 	if err := r.Policy.Validate(); err != nil {
 		return r, fmt.Errorf("line %d: %w", n.Line, err)
 	}
 	return r, nil
+}
+
+// yamlProblem shortens a yaml.v3 decode error to its message.
+func yamlProblem(err error) string {
+	var te *yaml.TypeError
+	if errors.As(err, &te) && len(te.Errors) > 0 {
+		msg := te.Errors[0]
+		if _, rest, ok := strings.Cut(msg, ": "); ok && strings.HasPrefix(msg, "line ") {
+			msg = rest
+		}
+		return msg
+	}
+	return err.Error()
 }
 
 // loadPolicies reads the policies section of a config file.

@@ -49,6 +49,11 @@ policies:
 		{"policies:\n  - topics: '*/*/*'\n    policy: coalesce\n  - topics: a/b/c\n    policy: coalesce\n", `policies[1].topics (line 4)`},
 		{"policies: {a: b}\n", `expected a list`},
 		{"policies:\n  - topics: a/b/*\n    policy: coalesce\n    max_pending_sends: 0\n", `max_pending_sends (line 4)`},
+		{"policies:\n  - topics: a/b/*\n    policy: coalesce\n    max_bytes: lots\n", `max_bytes (line 4): "lots" is not a positive size`},
+		{"policies:\n  - topics: a/b/*\n    policy: coalesce\n    split_keys: maybe\n", `split_keys (line 4)`},
+		{"policies:\n  - topics: a/b/*\n    policy: buckets\n    bucket_starts: [0, x]\n", `bucket_starts (line 4)`},
+		{"policies:\n  - topics: a/b/*\n    policy: coalesce\n    manage_key_shared: true\n", `manage_key_shared`},
+		{"policies:\n  - topics: a/b/*\n    policy: coalesce\n    max_delay: 1ms\n    max_delay: 2ms\n", `given twice`},
 	}
 	for _, tc := range bad {
 		_, err := loadPolicies([]byte(tc.yaml))
@@ -83,6 +88,19 @@ func TestReadmePolicyExampleLoads(t *testing.T) {
 	} {
 		if p, _, ok := m.Match(topic); !ok || p.Kind != want {
 			t.Errorf("%s: %v %v, want %s", topic, p.Kind, ok, want)
+		}
+	}
+}
+
+// Every key a rule takes is documented in --help, and nothing else is.
+func TestPolicyKeysDocumented(t *testing.T) {
+	keys := ruleKeys()
+	if len(keys) != len(policyKeys) {
+		t.Fatalf("rule keys %v, documented %d", keys, len(policyKeys))
+	}
+	for _, k := range keys {
+		if policyKeys[k] == "" {
+			t.Errorf("key %q of ruleYAML has no help in policyKeys", k)
 		}
 	}
 }
