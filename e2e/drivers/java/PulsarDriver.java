@@ -351,7 +351,7 @@ public final class PulsarDriver {
     @SuppressWarnings({"unchecked", "rawtypes"})
     static int produce(String[] args) throws Exception {
         Flags f = new Flags(args, 1, kinds("url", "topic", "count", "batching:bool", "batch-max-messages",
-                "batch-max-bytes", "batch-delay-ms", "batcher", "key-mode", "keys", "ordering-key:bool",
+                "batch-max-bytes", "batch-delay-ms", "batcher", "key-mode", "keys", "ordering-key:bool", "empty-key:bool",
                 "properties", "compression", "chunking:bool", "chunk-size", "size", "schema", "sync:bool",
                 "producer-name", "token", "tls-trust-certs", "tls-cert-file", "tls-key-file", "send-timeout-ms", "seq-start", "seq-scramble:bool", "timeout-ms"));
         String topic = f.str("topic", "");
