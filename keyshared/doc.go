@@ -7,10 +7,12 @@
 //
 // # Contract
 //
-//  1. Ownership. At any time a bucket is held at the broker by at most one consumer of the
-//     subscription (the broker refuses overlapping STICKY ranges anyway), and once the group is
-//     settled every bucket is held by one. A consumer only ever holds the ranges this package
-//     granted it.
+//  1. Ownership. The manager grants a bucket to at most one consumer at a time, and once the
+//     group is settled every bucket is held by one. A consumer only ever holds the ranges this
+//     package granted it. At the broker a grant can race the previous holder's close when that
+//     close travels on another connection (a client's connection dropping): the broker refuses
+//     the overlapping subscribe (ConsumerAssignError), and the proxy re-sends it every 250 ms
+//     for 5 s before passing the refusal on.
 //  2. Balance. With n consumers and N buckets, the first min(n, N) consumers in order of
 //     arrival each get a contiguous block of N/n buckets (floor or ceiling, in arrival order).
 //     Consumers beyond N are refused (the client's subscribe fails with a message saying so);
@@ -22,13 +24,19 @@
 //     at the broker, drops what the broker still sends it, and sends the client CLOSE_CONSUMER,
 //     the broker's own "resubscribe" signal. The client's resubscribe gets its new block once no
 //     other consumer still holds any of it at the broker. A bucket therefore moves only after
-//     its previous owner has nothing unacknowledged in it: no key is processed by two consumers
-//     at once, per-key order is kept, and acknowledged messages are never delivered again. A
-//     drain cut short by HandoffTimeout closes the consumer with messages unacknowledged; the
-//     broker redelivers those to the bucket's next owner (at-least-once, as when any Pulsar
-//     consumer closes), and the proxy counts it.
-//  4. Reservation. A released consumer keeps its place in the order for AwayTimeout, even when
-//     its connection closes (clients often resubscribe on a new connection); if it has not
+//     its previous owner has acknowledged everything it was sent in it: no key is processed by
+//     two consumers at once, per-key order is kept, and acknowledged messages are not delivered
+//     again. The acknowledgments are the client's fire-and-forget ACK frames; the settle (200
+//     ms) is what lets the broker apply them before the close, measured rather than confirmed
+//     (without it the broker redelivered thousands of just-acknowledged messages in the e2e
+//     spec; with it, none), so a broker slower than that can redeliver some. A drain cut short by
+//     HandoffTimeout closes the consumer with messages unacknowledged, possibly in the
+//     application's hands: the broker redelivers those to the bucket's next owner
+//     (at-least-once, as when any Pulsar consumer closes, and for those messages two consumers
+//     may overlap), and the proxy counts it (drain_timeout).
+//  4. Reservation. A released consumer keeps its place in the order (and its block, unowned
+//     meanwhile, and its count against the bucket limit of contract 2) for AwayTimeout, even
+//     when its connection closes (clients often resubscribe on a new connection); if it has not
 //     resubscribed by then, it is removed and the group rebalanced without it. A consumer that
 //     is not released leaves when its client closes it or its connection closes.
 //  5. Scope. The manager sees the consumers of one proxy process. Consumers of the same

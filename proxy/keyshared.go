@@ -73,8 +73,11 @@ type managedConsumer struct {
 	ranges     []keyshared.Range
 	state      mcState
 	release    bool // a release came while subscribing
-	pending    map[wire.EntryID]struct{}
-	overflow   bool // pending is incomplete
+	// clientClose is the request id of the client's CLOSE_CONSUMER that came while the
+	// proxy's own close was at the broker (answered by the proxy); 0 none.
+	clientClose uint64
+	pending     map[wire.EntryID]struct{}
+	overflow    bool // pending is incomplete
 	// Deadlines (unix ns, 0 none), run by ksTick from the server's ticker: the end of the ack
 	// settle, of the drain, and a subscribe retry.
 	settleAt, drainAt, retryAt int64
@@ -119,11 +122,13 @@ func (s *session) managedSubscribe(c *pulsarpb.CommandSubscribe) bool {
 			old.subscribe = proto.Clone(c).(*pulsarpb.CommandSubscribe)
 			return true
 		}
-		if old.state == mcAway {
-			delete(s.ks, old.id) // its resubscribe: Join gives the place back to the new ticket
-		} else {
-			old.forget("the client subscribed again under its consumer id")
+		if old.state != mcAway {
+			// The consumer exists at the broker (or is being closed there): its SUBSCRIBE again
+			// goes on unchanged, for the broker to answer as for any known consumer id.
+			old.log("client subscribed again under a consumer id it holds; forwarded unchanged", "state", old.state)
+			return false
 		}
+		delete(s.ks, old.id) // its resubscribe: Join gives the place back to the new ticket
 	}
 	mc := &managedConsumer{s: s, id: c.GetConsumerId(), topic: c.GetTopic(), sub: c.GetSubscription(), name: c.GetConsumerName(),
 		subscribe: proto.Clone(c).(*pulsarpb.CommandSubscribe), pending: map[wire.EntryID]struct{}{}}
@@ -178,7 +183,7 @@ func (mc *managedConsumer) refuse(reason string) {
 		return
 	}
 	mc.s.srv.m.keyShared[ksRefused].Add(1)
-	delete(mc.s.ks, mc.id)
+	mc.s.ksRemove(mc)
 	mc.log("managed Key_Shared consumer refused", "reason", reason)
 	mc.s.writeOwn(toClient, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_ERROR.Enum(), Error: &pulsarpb.CommandError{
 		RequestId: proto.Uint64(mc.subscribe.GetRequestId()), Error: pulsarpb.ServerError_ConsumerBusy.Enum(), Message: proto.String(reason)}})
@@ -191,9 +196,10 @@ func (mc *managedConsumer) startRelease() {
 	}
 	switch mc.state {
 	case mcSubscribing, mcHeld:
-		if mc.ranges != nil {
-			mc.release = true // drained once the broker has accepted it
-		}
+		// Drained once the broker has accepted it. The manager releases only members it granted,
+		// so a Release seen while held means the Grant is still on its way (callbacks made on
+		// different goroutines may arrive out of order) or a retry is pending.
+		mc.release = true
 		return
 	case mcActive:
 	default:
@@ -241,11 +247,25 @@ func (mc *managedConsumer) closeAtBroker() {
 		CloseConsumer: &pulsarpb.CommandCloseConsumer{ConsumerId: proto.Uint64(mc.id), RequestId: proto.Uint64(mc.reqID)}})
 }
 
+// answerClientClose answers the client's own CLOSE_CONSUMER, which came while the proxy's
+// close was at the broker, and removes the consumer.
+func (mc *managedConsumer) answerClientClose() {
+	req := mc.clientClose
+	mc.clientClose = 0
+	mc.forget("the client closed it")
+	mc.s.writeOwn(toClient, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_SUCCESS.Enum(),
+		Success: &pulsarpb.CommandSuccess{RequestId: proto.Uint64(req)}})
+}
+
 // closed is step 3: the broker answered the proxy's CLOSE_CONSUMER.
 func (mc *managedConsumer) closed() {
 	mc.state = mcAway
-	clear(mc.pending)
+	mc.pending = map[wire.EntryID]struct{}{} // a fresh map: the old one may have grown large
 	mc.overflow = false
+	if mc.clientClose != 0 {
+		mc.answerClientClose()
+		return
+	}
 	mc.log("managed Key_Shared consumer released; the client resubscribes for its new buckets")
 	mc.s.writeOwn(toClient, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_CONSUMER.Enum(),
 		CloseConsumer: &pulsarpb.CommandCloseConsumer{ConsumerId: proto.Uint64(mc.id), RequestId: proto.Uint64(^uint64(0))}})
@@ -256,10 +276,28 @@ func (mc *managedConsumer) closed() {
 func (mc *managedConsumer) forget(why string) {
 	mc.log("managed Key_Shared consumer leaves its subscription", "why", why)
 	mc.settleAt, mc.drainAt, mc.retryAt = 0, 0, 0
-	if mc.current() {
-		delete(mc.s.ks, mc.id)
-	}
+	mc.s.ksRemove(mc)
 	mc.ticket.Leave()
+}
+
+// ksRemove drops mc from the session; the session's maps go back to nil when empty, so a
+// session without managed consumers pays nothing for them (doc.go contract 7).
+func (s *session) ksRemove(mc *managedConsumer) {
+	if s.ks[mc.id] == mc {
+		delete(s.ks, mc.id)
+	}
+	if len(s.ks) == 0 {
+		s.ks = nil
+	}
+	for req, x := range s.ksReqs {
+		if x == mc && !isOwnID(req) {
+			// (The proxy's own requests stay until answered, so the answer is swallowed.)
+			delete(s.ksReqs, req)
+		}
+	}
+	if len(s.ksReqs) == 0 {
+		s.ksReqs = nil
+	}
 }
 
 func (s *session) ksRequest(mc *managedConsumer, req uint64) {
@@ -329,6 +367,11 @@ func (s *session) ksFromClient(f wire.Frame) frameAction {
 				Success: &pulsarpb.CommandSuccess{RequestId: proto.Uint64(c.GetRequestId())}})
 			return actDone
 		}
+		if mc.state == mcClosing {
+			// The proxy's own close is at the broker: the client's is answered when it completes.
+			mc.clientClose = c.GetRequestId()
+			return actDone
+		}
 		mc.settleAt, mc.drainAt = 0, 0
 		mc.state, mc.reqID = mcLeaving, c.GetRequestId()
 		s.ksRequest(mc, mc.reqID)
@@ -354,19 +397,33 @@ func (s *session) ksFromBroker(f wire.Frame) frameAction {
 			req = ce.GetRequestId()
 		}
 		mc := s.ksReqs[req]
-		if mc == nil || mc.reqID != req {
+		if mc == nil {
 			return actForward
 		}
 		delete(s.ksReqs, req)
+		if len(s.ksReqs) == 0 {
+			s.ksReqs = nil
+		}
+		if !mc.current() || mc.reqID != req || isOwnID(req) && mc.state != mcClosing {
+			if isOwnID(req) {
+				return actDone // a close the proxy made for a consumer that has moved on
+			}
+			return actForward
+		}
 		return mc.answered(ce)
 	case pulsarpb.BaseCommand_CLOSE_CONSUMER:
 		id, ok := wire.ConsumerID(f.Command(), t)
-		if mc := s.ks[id]; ok && mc != nil && mc.state <= mcDraining {
-			// The broker closed it (a topic unload): the client resubscribes as after a release.
+		if mc := s.ks[id]; ok && mc != nil && mc.state >= mcSubscribing && mc.state <= mcClosing {
+			// The broker closed it (a topic unload), or ended the proxy's own close this way:
+			// either way the client resubscribes as after a release, told by this very frame.
 			s.srv.m.keyShared[ksBrokerClosed].Add(1)
 			mc.settleAt, mc.drainAt = 0, 0
 			mc.state = mcAway
-			clear(mc.pending)
+			mc.pending = map[wire.EntryID]struct{}{}
+			if mc.clientClose != 0 {
+				mc.answerClientClose()
+				return actForward
+			}
 			mc.ticket.Released()
 		}
 	}
@@ -430,6 +487,12 @@ func (mc *managedConsumer) answered(ce *pulsarpb.CommandError) frameAction {
 		mc.forget(fmt.Sprintf("the broker refused its subscribe (%s: %s) after %d retries", ce.GetError(), ce.GetMessage(), mc.retries))
 		return actForward
 	case mcClosing:
+		if ce != nil {
+			// The broker knows no such consumer (or refuses the close): either way nothing
+			// more is dispatched to it on this connection.
+			mc.s.logger().Warn("broker answered the proxy's CLOSE_CONSUMER of a managed Key_Shared consumer with an error; treating it as closed",
+				"topic", mc.topic, "subscription", mc.sub, "consumer_id", mc.id, "error", ce.GetError().String(), "message", ce.GetMessage())
+		}
 		mc.closed()
 		return actDone // the proxy's own request
 	case mcLeaving:

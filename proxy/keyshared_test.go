@@ -170,3 +170,51 @@ func TestCoreManagedHandoffTimesOut(t *testing.T) {
 		t.Fatalf("drain timeouts counted %d, want 1", n)
 	}
 }
+
+// Given a managed consumer whose Release reaches its loop before its Grant (the manager's
+// callbacks come from different goroutines and may be reordered),
+// when the Grant arrives and the broker accepts the subscribe,
+// then the consumer is drained and closed at the broker anyway: the release is not lost.
+func TestCoreManagedReleaseBeforeGrantIsKept(t *testing.T) {
+	l := managedCore(t)
+	l.client.in = append(l.client.in, frame(t, ksSubscribe(1, 10, "a"))...)
+	l.input(l.client) // the Grant is queued, not yet run
+	l.s.ks[1].startRelease()
+
+	l.settle()
+	l.feed(l.broker, frame(t, ksSuccess(10)))
+	l.broker.take()
+	l.tick(250 * time.Millisecond)
+
+	got := decodeAll(t, l.broker.take())
+	if len(got) != 1 || got[0].GetCloseConsumer().GetConsumerId() != 1 {
+		t.Fatalf("broker got %v; want the proxy's CLOSE_CONSUMER of consumer 1", got)
+	}
+}
+
+// Given a managed consumer the proxy is closing at the broker for a handoff,
+// when the client closes it too,
+// then the client's close is not sent on; once the broker answers the proxy's close, the
+// client gets SUCCESS under its own request id and nothing under the proxy's.
+func TestCoreManagedClientCloseDuringHandoffIsAnsweredByTheProxy(t *testing.T) {
+	l := managedCore(t)
+	l.feed(l.client, frame(t, ksSubscribe(1, 10, "a")))
+	l.feed(l.broker, frame(t, ksSuccess(10)))
+	l.feed(l.client, frame(t, ksSubscribe(2, 11, "b")))
+	l.tick(250 * time.Millisecond)
+	got := decodeAll(t, l.broker.take())
+	closeReq := got[len(got)-1].GetCloseConsumer().GetRequestId()
+	l.client.take()
+
+	l.feed(l.client, frame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_CONSUMER.Enum(),
+		CloseConsumer: &pulsarpb.CommandCloseConsumer{ConsumerId: proto.Uint64(1), RequestId: proto.Uint64(12)}}))
+
+	if got := decodeAll(t, l.broker.take()); len(got) != 0 {
+		t.Fatalf("broker got %v; the client's close should wait for the proxy's", got)
+	}
+	l.feed(l.broker, frame(t, ksSuccess(closeReq)))
+	got = decodeAll(t, l.client.take())
+	if len(got) != 1 || got[0].GetSuccess().GetRequestId() != 12 {
+		t.Fatalf("client got %v; want SUCCESS for its request 12 only", got)
+	}
+}

@@ -28,18 +28,23 @@ type autoSplitRun struct {
 
 // keySharedKeys returns n keys drawn from 200: UTF-8 keys, invalid UTF-8 keys (a Go string
 // carries any bytes; the broker reads them as a Java String) and, one in ten, no key.
-func keySharedKeys(n int) []string {
-	rnd := rand.New(rand.NewSource(5))
-	pool := make([]string, 200)
+func keySharedKeys(n int) []string { return randomKeys(5, 200, 4, 10, n) }
+
+// randomKeys returns n keys drawn from a pool of size keys (seeded): "key-<hex>", every
+// invalidEvery-th of the pool invalid UTF-8 instead, and one message in keylessOneIn without a
+// key ("").
+func randomKeys(seed int64, size, invalidEvery, keylessOneIn, n int) []string {
+	rnd := rand.New(rand.NewSource(seed))
+	pool := make([]string, size)
 	for i := range pool {
 		pool[i] = fmt.Sprintf("key-%08x", rnd.Uint32())
-		if i%4 == 0 {
+		if i%invalidEvery == 0 {
 			pool[i] = fmt.Sprintf("\xff%c\xe2\x82-%d", 0x80+i%64, i)
 		}
 	}
 	keys := make([]string, n)
 	for i := range keys {
-		if rnd.Intn(10) > 0 {
+		if rnd.Intn(keylessOneIn) > 0 {
 			keys[i] = pool[rnd.Intn(len(pool))]
 		}
 	}
@@ -138,7 +143,7 @@ func keySharedConsumers(t *testing.T, url, topic string, opts []pulsar.ConsumerO
 func produceKeyed(t *testing.T, url, topic string, keys []string, batching bool) {
 	t.Helper()
 	prod := keyedProducer(t, url, topic, batching)
-	sendKeyed(t, prod, keys, 0, len(keys))
+	sendKeyed(t, prod, keys, 0, len(keys), "m-")
 	prod.Close()
 }
 
@@ -152,12 +157,13 @@ func keyedProducer(t *testing.T, url, topic string, batching bool) pulsar.Produc
 	return prod
 }
 
-// sendKeyed sends messages lo..hi-1 ("m-<i>", key keys[i]) and waits for their receipts.
-func sendKeyed(t *testing.T, prod pulsar.Producer, keys []string, lo, hi int) {
+// sendKeyed sends messages lo..hi-1 (payload prefix+i, "m-" or the drivers' "msg-"; key
+// keys[i]) and waits for their receipts.
+func sendKeyed(t *testing.T, prod pulsar.Producer, keys []string, lo, hi int, prefix string) {
 	t.Helper()
 	msgs := make([]*pulsar.ProducerMessage, 0, hi-lo)
 	for i := lo; i < hi; i++ {
-		msgs = append(msgs, &pulsar.ProducerMessage{Payload: []byte("m-" + strconv.Itoa(i)), Key: keys[i]})
+		msgs = append(msgs, &pulsar.ProducerMessage{Payload: []byte(prefix + strconv.Itoa(i)), Key: keys[i]})
 	}
 	sendAll(t, prod, msgs)
 }
@@ -176,9 +182,9 @@ func runAutoSplitJoin(t *testing.T, b *harness.Broker, url, topic string, keys [
 	ch, stop := keySharedConsumers(t, b.ServiceURL, topic, defaultConsumers(2), len(keys))
 	prod := keyedProducer(t, url, topic, batching)
 	half := len(keys) / 2
-	sendKeyed(t, prod, keys, 0, half)
+	sendKeyed(t, prod, keys, 0, half, "m-")
 	ch3, stop3 := keySharedConsumers(t, b.ServiceURL, topic, []pulsar.ConsumerOptions{{Name: "c2"}}, len(keys))
-	sendKeyed(t, prod, keys, half, len(keys))
+	sendKeyed(t, prod, keys, half, len(keys), "m-")
 	prod.Close()
 	var got []delivery
 	deadline := time.After(2 * time.Minute)

@@ -3,8 +3,6 @@ package rebatch_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"math/rand"
 	"sort"
 	"strconv"
 	"strings"
@@ -132,23 +130,7 @@ func tail(s string, n int) string {
 
 // managedKeys returns n keys over 2,000: UTF-8 ones, a fifth invalid UTF-8, and one message in
 // twenty keyless ("" here: pulsar-client-go sends no key for it).
-func managedKeys(n int) []string {
-	rnd := rand.New(rand.NewSource(11))
-	pool := make([]string, 2000)
-	for i := range pool {
-		pool[i] = fmt.Sprintf("key-%08x", rnd.Uint32())
-		if i%5 == 0 {
-			pool[i] = fmt.Sprintf("\xfe%c\xed\xa0-%d", 0x80+i%64, i)
-		}
-	}
-	keys := make([]string, n)
-	for i := range keys {
-		if rnd.Intn(20) > 0 {
-			keys[i] = pool[rnd.Intn(len(pool))]
-		}
-	}
-	return keys
-}
+func managedKeys(n int) []string { return randomKeys(11, 2000, 5, 20, n) }
 
 // consumerRanges reads, from the broker's topic stats, each consumer's hash ranges in
 // subscription "ks", by consumer name.
@@ -330,17 +312,6 @@ func judge(got []managedGot, keys []string, snapshots []map[string][][2]int, slo
 	return r
 }
 
-// produceManaged sends message i (payload "msg-<i>", key keys[i]) from lo to hi with default
-// batching and waits for the receipts.
-func produceManaged(t *testing.T, p pulsar.Producer, keys []string, lo, hi int) {
-	t.Helper()
-	msgs := make([]*pulsar.ProducerMessage, 0, hi-lo)
-	for i := lo; i < hi; i++ {
-		msgs = append(msgs, &pulsar.ProducerMessage{Payload: []byte("msg-" + strconv.Itoa(i)), Key: keys[i]})
-	}
-	sendAll(t, p, msgs)
-}
-
 // Given a topic under buckets (8 buckets, manage_key_shared on by default) and a Key_Shared
 // subscription with default settings (AUTO_SPLIT) of four consumers, one each of
 // pulsar-client-go v0.8.1, Java 2.10.6, Python 3.1.0 and pulsar-client-go v0.21.0, all
@@ -375,7 +346,7 @@ func TestManagedKeySharedGivesDefaultConsumersWholeBuckets(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		produceManaged(t, prod, keys, 0, len(keys))
+		sendKeyed(t, prod, keys, 0, len(keys), "msg-")
 		prod.Close()
 		waitConsumed(t, b, topic)
 		r := judge(cs.wait(), keys, []map[string][][2]int{snap}, func(k string) int {
@@ -403,13 +374,13 @@ func TestManagedKeySharedGivesDefaultConsumersWholeBuckets(t *testing.T) {
 		t.Fatal(err)
 	}
 	third := len(keys) / 3
-	produceManaged(t, prod, keys, 0, third)
+	sendKeyed(t, prod, keys, 0, third, "msg-")
 	cs.startGo("go-joiner")
 	phase2 := settledRanges(t, b, topic, append(oldNames, "go-latest", "go-joiner")...)
-	produceManaged(t, prod, keys, third, 2*third)
+	sendKeyed(t, prod, keys, third, 2*third, "msg-")
 	cs.stopGo("go-latest")
 	phase3 := settledRanges(t, b, topic, append(oldNames, "go-joiner")...)
-	produceManaged(t, prod, keys, 2*third, len(keys))
+	sendKeyed(t, prod, keys, 2*third, len(keys), "msg-")
 	prod.Close()
 	waitConsumed(t, b, topic)
 	t.Logf("broker's ranges: 4 consumers %v; a fifth joined %v; one left %v", phase1, phase2, phase3)
@@ -454,7 +425,7 @@ func TestManagedKeySharedSubscriptionIsOwnedByOneProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	produceManaged(t, prod, keys, 0, len(keys))
+	sendKeyed(t, prod, keys, 0, len(keys), "msg-")
 	prod.Close()
 	waitConsumed(t, b, topic)
 	r := judge(first.wait(), keys, []map[string][][2]int{{"via-first": {{0, route.FullRange - 1}}}}, func(k string) int {
