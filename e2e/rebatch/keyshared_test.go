@@ -311,15 +311,15 @@ func TestKeySharedDeliveryUnderRewritingPolicies(t *testing.T) {
 				run := runAutoSplit(t, b, url, topic, keys, consumers, batching)
 				t.Logf("%-11s batching=%-5v consumers=%d: %d messages in %d entries (%.2f per entry), %d keys at more than one consumer, %d out of key order",
 					path.name, batching, consumers, run.received, run.entries, float64(run.received)/float64(run.entries), run.splitKeys, run.outOfOrder)
-				if run.outOfOrder != 0 {
-					t.Errorf("%s: %d messages out of key order", path.name, run.outOfOrder)
-				}
 				switch {
 				case path.name == "direct" && batching:
 					directBatchedSplit += run.splitKeys
 				case path.rewrites() || !batching:
-					if run.splitKeys != 0 {
-						t.Errorf("%s batching=%v consumers=%d: %d keys reached more than one consumer, want 0", path.name, batching, consumers, run.splitKeys)
+					// (Where batches split keys, directly and passed through, the order of a key
+					// across consumers is the order the test's goroutines saw them: not judged.)
+					if run.splitKeys != 0 || run.outOfOrder != 0 {
+						t.Errorf("%s batching=%v consumers=%d: %d keys reached more than one consumer, %d messages out of key order; want 0 and 0",
+							path.name, batching, consumers, run.splitKeys, run.outOfOrder)
 					}
 				}
 			}

@@ -3,6 +3,7 @@ package rebatch_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sort"
 	"strconv"
 	"strings"
@@ -312,27 +313,82 @@ func judge(got []managedGot, keys []string, snapshots []map[string][][2]int, slo
 	return r
 }
 
+// emptyKey stands for the present-but-empty key "" in the specs' key lists, where "" means
+// keyless.
+const emptyKey = "\x00empty"
+
+// stickySlotOf and autoSplitSlotOf are a key's slot under STICKY and AUTO_SPLIT, the key read
+// as the broker reads a partition key (emptyKey is "").
+func stickySlotOf(k string) int {
+	if k == emptyKey {
+		k = ""
+	}
+	return route.StickySlot(route.StickyKey(route.KeyFields{PartitionKey: k, HasPartitionKey: true}))
+}
+
+func autoSplitSlotOf(k string) int {
+	if k == emptyKey {
+		k = ""
+	}
+	return route.ConsistentHashingSlot(route.StickyKey(route.KeyFields{PartitionKey: k, HasPartitionKey: true}))
+}
+
+// managedWorkload is the spec's 10,000 messages: 0..1999 from a Java 2.10.6 producer over 40
+// keys, one of them the empty key (Java's .key("")), the rest from pulsar-client-go over 2,000
+// keys (a fifth invalid UTF-8, one message in twenty keyless).
+func managedWorkload() (keys []string, javaN, javaKeys int) {
+	javaN, javaKeys = 2000, 40
+	keys = make([]string, javaN, 10000)
+	for i := range keys {
+		if k := i % javaKeys; k == 0 {
+			keys[i] = emptyKey
+		} else {
+			keys[i] = "key-" + strconv.Itoa(k)
+		}
+	}
+	return append(keys, managedKeys(10000-javaN)...), javaN, javaKeys
+}
+
+// startJava runs the Java 2.10.6 producer (default batching) of managedWorkload in the
+// background; the returned func waits for it.
+func startJava(t *testing.T, d *drivers.Driver, url, topic string, n, keys int) func() {
+	done := make(chan error, 1)
+	go func() {
+		res, err := d.Produce(context.Background(), drivers.ProduceSpec{URL: url, Topic: topic, Count: n,
+			KeyMode: "seq", Keys: keys, EmptyKey: true, Timeout: 3 * time.Minute})
+		if err == nil && len(res.Acks) != n {
+			err = fmt.Errorf("%d acks for %d messages", len(res.Acks), n)
+		}
+		done <- err
+	}()
+	return func() {
+		if err := <-done; err != nil {
+			t.Fatalf("java-2.10.6 producer: %v", err)
+		}
+	}
+}
+
 // Given a topic under buckets (8 buckets, manage_key_shared on by default) and a Key_Shared
 // subscription with default settings (AUTO_SPLIT) of four consumers, one each of
 // pulsar-client-go v0.8.1, Java 2.10.6, Python 3.1.0 and pulsar-client-go v0.21.0, all
 // through the proxy,
-// when a batching producer sends 10,000 messages over 2,000 keys (a fifth invalid UTF-8, one
-// in twenty keyless) while a fifth consumer joins after the first third and one consumer
-// leaves after the second,
+// when batching producers (pulsar-client-go, Java 2.10.6) send 10,000 messages over 2,040 keys
+// (invalid UTF-8, empty and absent keys included) while a fifth consumer joins after the first
+// third and one consumer leaves after the second,
 // then every keyed message reaches the consumer whose STICKY ranges (as the broker's stats
 // show them) hold its key, keys move only at the two rebalances, per-key order holds, nothing
 // is lost and nothing is delivered twice; while the same four consumers subscribed directly
 // receive keys they do not own (the control).
 func TestManagedKeySharedGivesDefaultConsumersWholeBuckets(t *testing.T) {
 	b := harness.Default(t)
-	keys := managedKeys(10000)
+	keys, javaN, javaKeys := managedWorkload()
 	olds := map[string]*drivers.Driver{}
-	for _, name := range []string{"go-v0.8.1", "java-2.10.6", "python-3.1.0"} {
+	oldNames := []string{"go-v0.8.1", "java-2.10.6", "python-3.1.0"}
+	for _, name := range oldNames {
 		olds[name] = preparedDriver(t, name)
 	}
-	oldNames := []string{"go-v0.8.1", "java-2.10.6", "python-3.1.0"}
 
-	// The control: directly, four default consumers and a batching producer.
+	// The control: directly, four default consumers and the batching producers.
 	{
 		ns := newNamespace(t, b, "managed-direct")
 		topic := "persistent://" + ns + "/t"
@@ -342,16 +398,16 @@ func TestManagedKeySharedGivesDefaultConsumersWholeBuckets(t *testing.T) {
 		}
 		cs.startGo("go-latest")
 		snap := settledRanges(t, b, topic, append(oldNames, "go-latest")...)
+		java := startJava(t, olds["java-2.10.6"], b.ServiceURL, topic, javaN, javaKeys)
 		prod, err := newClient(t, b.ServiceURL).CreateProducer(pulsar.ProducerOptions{Topic: topic, BatchingMaxPublishDelay: 10 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
-		sendKeyed(t, prod, keys, 0, len(keys), "msg-")
+		sendKeyed(t, prod, keys, javaN, len(keys), "msg-")
 		prod.Close()
+		java()
 		waitConsumed(t, b, topic)
-		r := judge(cs.wait(), keys, []map[string][][2]int{snap}, func(k string) int {
-			return route.ConsistentHashingSlot(route.StickyKey(route.KeyFields{PartitionKey: k, HasPartitionKey: true}))
-		}, 0)
+		r := judge(cs.wait(), keys, []map[string][][2]int{snap}, autoSplitSlotOf, 0)
 		t.Logf("direct:        %d received (%d distinct of %d), %d to a consumer not owning the key, %d keys moved between consumers, %d out of key order, %d lost, %d duplicates",
 			r.received, r.distinct, len(keys), r.wrongOwner, r.interleaved, r.outOfOrder, r.lost, r.duplicates)
 		if r.wrongOwner == 0 {
@@ -369,25 +425,25 @@ func TestManagedKeySharedGivesDefaultConsumersWholeBuckets(t *testing.T) {
 	}
 	cs.startGo("go-latest")
 	phase1 := settledRanges(t, b, topic, append(oldNames, "go-latest")...)
+	java := startJava(t, olds["java-2.10.6"], url, topic, javaN, javaKeys)
 	prod, err := newClient(t, url).CreateProducer(pulsar.ProducerOptions{Topic: topic, BatchingMaxPublishDelay: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	third := len(keys) / 3
-	sendKeyed(t, prod, keys, 0, third, "msg-")
+	third := (len(keys) - javaN) / 3
+	sendKeyed(t, prod, keys, javaN, javaN+third, "msg-")
 	cs.startGo("go-joiner")
 	phase2 := settledRanges(t, b, topic, append(oldNames, "go-latest", "go-joiner")...)
-	sendKeyed(t, prod, keys, third, 2*third, "msg-")
+	sendKeyed(t, prod, keys, javaN+third, javaN+2*third, "msg-")
 	cs.stopGo("go-latest")
 	phase3 := settledRanges(t, b, topic, append(oldNames, "go-joiner")...)
-	sendKeyed(t, prod, keys, 2*third, len(keys), "msg-")
+	sendKeyed(t, prod, keys, javaN+2*third, len(keys), "msg-")
 	prod.Close()
+	java()
 	waitConsumed(t, b, topic)
 	t.Logf("broker's ranges: 4 consumers %v; a fifth joined %v; one left %v", phase1, phase2, phase3)
 
-	r := judge(cs.wait(), keys, []map[string][][2]int{phase1, phase2, phase3}, func(k string) int {
-		return route.StickySlot(route.StickyKey(route.KeyFields{PartitionKey: k, HasPartitionKey: true}))
-	}, 2)
+	r := judge(cs.wait(), keys, []map[string][][2]int{phase1, phase2, phase3}, stickySlotOf, 2)
 	t.Logf("through proxy: %d received (%d distinct of %d), %d to a consumer not owning the key, %d keys moved more often than the 2 rebalances, %d out of key order, %d lost, %d duplicates (%d redeliveries)",
 		r.received, r.distinct, len(keys), r.wrongOwner, r.interleaved, r.outOfOrder, r.lost, r.duplicates, r.redelivered)
 	if r.duplicates > 0 {
@@ -428,81 +484,9 @@ func TestManagedKeySharedSubscriptionIsOwnedByOneProxy(t *testing.T) {
 	sendKeyed(t, prod, keys, 0, len(keys), "msg-")
 	prod.Close()
 	waitConsumed(t, b, topic)
-	r := judge(first.wait(), keys, []map[string][][2]int{{"via-first": {{0, route.FullRange - 1}}}}, func(k string) int {
-		return route.StickySlot(route.StickyKey(route.KeyFields{PartitionKey: k, HasPartitionKey: true}))
-	}, 0)
+	r := judge(first.wait(), keys, []map[string][][2]int{{"via-first": {{0, route.FullRange - 1}}}}, stickySlotOf, 0)
 	t.Logf("first proxy's consumer: %d received (%d distinct of %d), %d lost, %d duplicates", r.received, r.distinct, len(keys), r.lost, r.duplicates)
 	if r.lost != 0 || r.duplicates != 0 || r.wrongOwner != 0 {
 		t.Fatalf("the first proxy's consumer lost %d, got %d twice, %d not its own", r.lost, r.duplicates, r.wrongOwner)
-	}
-}
-
-// Given a buckets topic (4 buckets) and four default Key_Shared consumers of pulsar-client-go
-// v0.21.0, subscribed directly for the control and through the proxy (managed),
-// when a Java 2.10.6 producer with default batching sends 2,000 messages over 40 keys, one of
-// them the present-but-empty key "" (Java's .key("")),
-// then through the proxy every message, the empty-keyed ones included, reaches the consumer
-// whose broker-reported ranges hold its key's slot (the empty key hashed as empty, as the
-// broker does), while directly batches mixing keys reach consumers not owning them.
-func TestManagedKeySharedRoutesEmptyKeysAsTheBrokerDoes(t *testing.T) {
-	b := harness.Default(t)
-	java := preparedDriver(t, "java-2.10.6")
-	const n, nkeys = 2000, 40
-	keys := make([]string, n)
-	for i := range keys {
-		if k := i % nkeys; k != 0 {
-			keys[i] = "key-" + strconv.Itoa(k)
-		}
-	}
-	slot := func(k string) int {
-		return route.StickySlot(route.StickyKey(route.KeyFields{PartitionKey: k, HasPartitionKey: true}))
-	}
-	names := []string{"c0", "c1", "c2", "c3"}
-	for _, via := range []string{"direct", "proxy"} {
-		ns := newNamespace(t, b, "managed-empty-"+via)
-		topic := "persistent://" + ns + "/t"
-		url := b.ServiceURL
-		if via == "proxy" {
-			url = startProxy(t, b, ns, rebatch.Policy{Kind: rebatch.Buckets, Buckets: 4, MaxDelay: 5 * time.Millisecond})
-		}
-		cs := newManagedConsumers(t, url, topic)
-		for _, c := range names {
-			cs.startGo(c)
-		}
-		snap := settledRanges(t, b, topic, names...)
-		res, err := java.Produce(ctxT(t, 3*time.Minute), drivers.ProduceSpec{URL: url, Topic: topic, Count: n,
-			KeyMode: "seq", Keys: nkeys, EmptyKey: true, Timeout: 2 * time.Minute})
-		if err != nil || len(res.Acks) != n {
-			t.Fatalf("%s: java produce: %v", via, err)
-		}
-		waitConsumed(t, b, topic)
-		judgeSlot := slot
-		if via == "direct" {
-			judgeSlot = func(k string) int {
-				return route.ConsistentHashingSlot(route.StickyKey(route.KeyFields{PartitionKey: k, HasPartitionKey: true}))
-			}
-		}
-		// keys[i] == "" is the empty key here, not a keyless message: judge it like the others.
-		keyed := make([]string, n)
-		for i, k := range keys {
-			keyed[i] = k
-			if k == "" {
-				keyed[i] = "\x00empty"
-			}
-		}
-		r := judge(cs.wait(), keyed, []map[string][][2]int{snap}, func(k string) int {
-			if k == "\x00empty" {
-				k = ""
-			}
-			return judgeSlot(k)
-		}, 0)
-		t.Logf("%-6s: %d received (%d distinct of %d), %d to a consumer not owning the key, %d out of key order, %d lost, %d duplicates",
-			via, r.received, r.distinct, n, r.wrongOwner, r.outOfOrder, r.lost, r.duplicates)
-		switch {
-		case via == "proxy" && (r.wrongOwner != 0 || r.outOfOrder != 0 || r.lost != 0 || r.duplicates != 0):
-			t.Errorf("through the proxy: want 0 wrong owners, 0 out of order, 0 lost, 0 duplicates")
-		case via == "direct" && r.wrongOwner == 0:
-			t.Errorf("directly no message reached a consumer not owning its key: the workload shows nothing")
-		}
 	}
 }
