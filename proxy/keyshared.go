@@ -385,7 +385,11 @@ func (s *session) ksFromBroker(f wire.Frame) frameAction {
 	t := f.Type()
 	switch t {
 	case pulsarpb.BaseCommand_MESSAGE:
-		return s.ksMessage(f.Command())
+		a := s.ksMessage(f.Command())
+		if a == actDone {
+			s.srv.m.keyShared[ksDropped].Add(1)
+		}
+		return a
 	case pulsarpb.BaseCommand_SUCCESS, pulsarpb.BaseCommand_ERROR:
 		if len(s.ksReqs) == 0 || wire.DecodeCommand(f, &s.cmd) != nil {
 			return actForward
@@ -430,16 +434,9 @@ func (s *session) ksFromBroker(f wire.Frame) frameAction {
 	return actForward
 }
 
-// ksDrops reports whether a MESSAGE, seen by its command bytes, is for a consumer being
-// closed (so it is not cut through: the whole frame is dropped).
-func (s *session) ksDrops(cmd []byte) bool {
-	id, _, ok := wire.MessageEntry(cmd)
-	mc := s.ks[id]
-	return ok && mc != nil && (mc.state == mcClosing || mc.state == mcAway)
-}
-
 // ksMessage tracks a MESSAGE (from its command bytes: the whole frame's, or a cut-through
-// head's) and says whether it goes on.
+// head's) and says whether it goes on. A MESSAGE it drops is not cut through: its whole frame
+// comes back here (a second read of its command, for a rare frame) and is counted then.
 func (s *session) ksMessage(cmd []byte) frameAction {
 	id, e, ok := wire.MessageEntry(cmd)
 	mc := s.ks[id]
@@ -448,7 +445,6 @@ func (s *session) ksMessage(cmd []byte) frameAction {
 	}
 	switch mc.state {
 	case mcClosing, mcAway:
-		s.srv.m.keyShared[ksDropped].Add(1)
 		return actDone // dispatched before the close: the broker redelivers it to the next owner
 	}
 	if len(mc.pending) < maxTrackedEntries {

@@ -514,11 +514,8 @@ func (s *session) cutThrough(d direction, b []byte) (int, bool) {
 	}
 	switch {
 	case d == toClient && h.Type == pulsarpb.BaseCommand_MESSAGE:
-		if s.ks != nil {
-			if s.ksDrops(h.Command) {
-				return 0, false // dropped whole (keyshared.go)
-			}
-			s.ksMessage(h.Command)
+		if s.ks != nil && s.ksMessage(h.Command) == actDone {
+			return 0, false // dropped whole (keyshared.go)
 		}
 	case d == toBroker && h.Type == pulsarpb.BaseCommand_SEND:
 		hf, ok := s.path.(HeadForwarder)
