@@ -35,6 +35,9 @@ func startProxy(t *testing.T, b *harness.Broker, ns string, pol rebatch.Policy) 
 // startProxyServer is startProxy returning the running proxy and its producer-path metrics.
 func startProxyServer(t *testing.T, b *harness.Broker, ns string, pol rebatch.Policy) (*harness.InProcessProxy, *proxy.RebatchMetrics) {
 	t.Helper()
+	if err := pol.Validate(); err != nil { // as cmd/proxy validates every rule
+		t.Fatal(err)
+	}
 	m, err := route.NewMatcher([]route.Rule[rebatch.Policy]{{Pattern: ns + "/*", Policy: pol}})
 	if err != nil {
 		t.Fatal(err)
