@@ -223,3 +223,29 @@ func (b *Broker) MessagesIn(ctx context.Context, topic string) (int64, error) {
 	}
 	return st.MsgInCounter, nil
 }
+
+// SubscriptionStats is what the topic stats say of one subscription.
+type SubscriptionStats struct {
+	MsgBacklog      int64 `json:"msgBacklog"`
+	UnackedMessages int64 `json:"unackedMessages"`
+	Consumers       []struct {
+		ConsumerName string `json:"consumerName"`
+		// KeyHashRanges are a Key_Shared consumer's inclusive hash ranges, [start, end] each.
+		KeyHashRanges [][]int `json:"keyHashRangeArrays"`
+	} `json:"consumers"`
+}
+
+// Subscription returns the stats of subscription sub of topic (zero if it has none yet).
+func (b *Broker) Subscription(ctx context.Context, topic, sub string) (SubscriptionStats, error) {
+	data, err := b.get(ctx, topicPath(topic)+"/stats")
+	if err != nil {
+		return SubscriptionStats{}, err
+	}
+	var st struct {
+		Subscriptions map[string]SubscriptionStats `json:"subscriptions"`
+	}
+	if err := json.Unmarshal(data, &st); err != nil {
+		return SubscriptionStats{}, fmt.Errorf("topic stats: %w", err)
+	}
+	return st.Subscriptions[sub], nil
+}

@@ -168,6 +168,19 @@ func sendKeyed(t *testing.T, prod pulsar.Producer, keys []string, lo, hi int, pr
 	sendAll(t, prod, msgs)
 }
 
+// consumerChanges sorts one key's deliveries by send index and counts how often the
+// receiving consumer changes along them.
+func consumerChanges[T any, C comparable](ds []T, idx func(T) int, consumer func(T) C) int {
+	sort.Slice(ds, func(a, b int) bool { return idx(ds[a]) < idx(ds[b]) })
+	n := 0
+	for j := 1; j < len(ds); j++ {
+		if consumer(ds[j]) != consumer(ds[j-1]) {
+			n++
+		}
+	}
+	return n
+}
+
 // joinRun is what a default Key_Shared subscription of two consumers, joined by a third
 // mid-stream, received: keys that moved consumer once (the broker's handoff at the join),
 // keys that moved more often or came back (not a handoff), and per-consumer key order.
@@ -217,13 +230,7 @@ func runAutoSplitJoin(t *testing.T, b *harness.Broker, url, topic string, keys [
 		last[k] = g.idx
 	}
 	for _, ds := range byKey {
-		sort.Slice(ds, func(a, b int) bool { return ds[a].idx < ds[b].idx })
-		switches := 0
-		for j := 1; j < len(ds); j++ {
-			if ds[j].consumer != ds[j-1].consumer {
-				switches++
-			}
-		}
+		switches := consumerChanges(ds, func(d delivery) int { return d.idx }, func(d delivery) int { return d.consumer })
 		switch {
 		case switches == 1:
 			r.moved++

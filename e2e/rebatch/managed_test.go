@@ -2,9 +2,7 @@ package rebatch_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -137,23 +135,12 @@ func managedKeys(n int) []string { return randomKeys(11, 2000, 5, 20, n) }
 // subscription "ks", by consumer name.
 func consumerRanges(t *testing.T, b *harness.Broker, topic string) map[string][][2]int {
 	t.Helper()
-	raw, err := b.Admin(ctxT(t, 30*time.Second), "GET", "/admin/v2/"+strings.Replace(topic, "://", "/", 1)+"/stats", nil)
+	st, err := b.Subscription(ctxT(t, 30*time.Second), topic, "ks")
 	if err != nil {
 		t.Fatalf("topic stats: %v", err)
 	}
-	var st struct {
-		Subscriptions map[string]struct {
-			Consumers []struct {
-				ConsumerName  string  `json:"consumerName"`
-				KeyHashRanges [][]int `json:"keyHashRangeArrays"`
-			} `json:"consumers"`
-		} `json:"subscriptions"`
-	}
-	if err := json.Unmarshal(raw, &st); err != nil {
-		t.Fatalf("topic stats: %v", err)
-	}
 	out := map[string][][2]int{}
-	for _, c := range st.Subscriptions["ks"].Consumers {
+	for _, c := range st.Consumers {
 		for _, r := range c.KeyHashRanges {
 			if len(r) == 2 {
 				out[c.ConsumerName] = append(out[c.ConsumerName], [2]int{r[0], r[1]})
@@ -197,24 +184,15 @@ func waitConsumed(t *testing.T, b *harness.Broker, topic string) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		raw, err := b.Admin(ctxT(t, 30*time.Second), "GET", "/admin/v2/"+strings.Replace(topic, "://", "/", 1)+"/stats", nil)
+		st, err := b.Subscription(ctxT(t, 30*time.Second), topic, "ks")
 		if err != nil {
 			t.Fatalf("topic stats: %v", err)
 		}
-		var st struct {
-			Subscriptions map[string]struct {
-				MsgBacklog      int64 `json:"msgBacklog"`
-				UnackedMessages int64 `json:"unackedMessages"`
-			} `json:"subscriptions"`
-		}
-		if err := json.Unmarshal(raw, &st); err != nil {
-			t.Fatalf("topic stats: %v", err)
-		}
-		if s := st.Subscriptions["ks"]; s.MsgBacklog == 0 && s.UnackedMessages == 0 {
+		if st.MsgBacklog == 0 && st.UnackedMessages == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("subscription still has a backlog after 2 minutes: %+v", st.Subscriptions["ks"])
+			t.Fatalf("subscription still has a backlog after 2 minutes: %d in backlog, %d unacknowledged", st.MsgBacklog, st.UnackedMessages)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -299,14 +277,7 @@ func judge(got []managedGot, keys []string, snapshots []map[string][][2]int, slo
 		}
 	}
 	for _, gs := range byKey {
-		sort.Slice(gs, func(a, b int) bool { return gs[a].i < gs[b].i })
-		switches := 0
-		for j := 1; j < len(gs); j++ {
-			if gs[j].consumer != gs[j-1].consumer {
-				switches++
-			}
-		}
-		if switches > rebalances {
+		if consumerChanges(gs, func(g managedGot) int { return g.i }, func(g managedGot) string { return g.consumer }) > rebalances {
 			r.interleaved++
 		}
 	}
