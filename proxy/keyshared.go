@@ -27,6 +27,9 @@ import (
 //     moves), the manager learns the consumer is away, and the client's own resubscribe comes
 //     back through step 0 with its new block.
 //
+// A client's own CLOSE_CONSUMER of a managed consumer that comes within ackSettle of its last
+// ACK is held until the settle has passed, for the same reason as step 2's settle.
+//
 // Cost: sessions without a managed consumer pay one nil-map check per consumer frame. A session
 // with one reads consumer_id of each MESSAGE, FLOW, ACK and REDELIVER (no decode, no
 // allocation) and keeps a set of unacknowledged entries per managed consumer, bounded by
@@ -81,8 +84,13 @@ type managedConsumer struct {
 	// Deadlines (unix ns, 0 none), run by ksTick from the server's ticker: the end of the ack
 	// settle, of the drain, and a subscribe retry.
 	settleAt, drainAt, retryAt int64
-	reqID                      uint64 // the request id of what is at the broker for it (subscribe, close)
-	retries                    int
+	// lastAck is when the client last acknowledged something for it (unix ns); heldClose, the
+	// client's CLOSE_CONSUMER held until closeAt, ackSettle after that acknowledgment.
+	lastAck   int64
+	heldClose []byte
+	closeAt   int64
+	reqID     uint64 // the request id of what is at the broker for it (subscribe, close)
+	retries   int
 }
 
 // ksMember adapts a managedConsumer to keyshared.Member: callbacks come from any goroutine and
@@ -315,11 +323,17 @@ func (s *session) writeOwn(d direction, cmd *pulsarpb.BaseCommand) {
 		s.srv.log.Error("encoding a managed Key_Shared command", "err", err)
 		return
 	}
+	s.writeRaw(d, b, true)
+}
+
+// writeRaw writes frame b towards d, outside or inside a pump (counted when count is set: a
+// frame the proxy made, not one of the client's held back). Runs on the loop.
+func (s *session) writeRaw(d direction, b []byte, count bool) {
 	inPump := s.pumpBuf != nil
 	if !inPump {
 		s.pumpFail = nil
 	}
-	s.writeOut(d, b, true)
+	s.writeOut(d, b, count)
 	if !inPump && s.pumpFail != nil {
 		if s.reason == nil {
 			s.reason = fmt.Errorf("writing a managed Key_Shared command: %w", s.pumpFail)
@@ -342,6 +356,9 @@ func (s *session) ksFromClient(f wire.Frame) frameAction {
 		id, ids, _, all, ok := wire.Acked(f, s.ksIDs[:0])
 		s.ksIDs = ids[:0]
 		if mc := s.ks[id]; ok && mc != nil {
+			if t == pulsarpb.BaseCommand_ACK {
+				mc.lastAck = s.nowNS()
+			}
 			if all {
 				clear(mc.pending)
 				mc.overflow = false
@@ -375,6 +392,15 @@ func (s *session) ksFromClient(f wire.Frame) frameAction {
 		mc.settleAt, mc.drainAt = 0, 0
 		mc.state, mc.reqID = mcLeaving, c.GetRequestId()
 		s.ksRequest(mc, mc.reqID)
+		if now := s.nowNS(); now-mc.lastAck < int64(ackSettle) {
+			// Right behind acknowledgments, a close makes the broker redeliver messages just
+			// acknowledged (it applies them asynchronously): the close waits out the settle, as
+			// the proxy's own closes do.
+			mc.heldClose = append([]byte(nil), f.Bytes()...)
+			mc.closeAt = mc.lastAck + int64(ackSettle)
+			s.ksArm()
+			return actDone
+		}
 	}
 	return actForward
 }
@@ -520,7 +546,7 @@ func (s *session) nowNS() int64 { return s.srv.clock().UnixNano() }
 func (s *session) ksArm() {
 	var next int64
 	for _, mc := range s.ks {
-		for _, d := range [...]int64{mc.settleAt, mc.drainAt, mc.retryAt} {
+		for _, d := range [...]int64{mc.settleAt, mc.drainAt, mc.retryAt, mc.closeAt} {
 			if d != 0 && (next == 0 || d < next) {
 				next = d
 			}
@@ -554,6 +580,10 @@ func (s *session) ksTick() {
 		case mc.state == mcHeld && mc.retryAt != 0 && now >= mc.retryAt:
 			mc.retryAt = 0
 			mc.sendSubscribe()
+		case mc.state == mcLeaving && mc.closeAt != 0 && now >= mc.closeAt:
+			b := mc.heldClose
+			mc.heldClose, mc.closeAt = nil, 0
+			s.writeRaw(toBroker, b, false)
 		}
 	}
 	s.ksArm()

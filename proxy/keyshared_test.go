@@ -218,3 +218,31 @@ func TestCoreManagedClientCloseDuringHandoffIsAnsweredByTheProxy(t *testing.T) {
 		t.Fatalf("client got %v; want SUCCESS for its request 12 only", got)
 	}
 }
+
+// Given a managed consumer that has just acknowledged an entry,
+// when its client closes it,
+// then the close reaches the broker only once the ack settle has passed (a close right behind
+// acknowledgments makes the broker redeliver them), and the broker's answer reaches the client.
+func TestCoreManagedClientCloseWaitsOutTheAckSettle(t *testing.T) {
+	l := managedCore(t)
+	l.feed(l.client, frame(t, ksSubscribe(1, 10, "a")))
+	l.feed(l.broker, frame(t, ksSuccess(10)), frame(t, ksMessage(1, 1)))
+	l.feed(l.client, frame(t, ksAck(1, 1)))
+	l.broker.take()
+	l.client.take()
+
+	l.feed(l.client, frame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_CONSUMER.Enum(),
+		CloseConsumer: &pulsarpb.CommandCloseConsumer{ConsumerId: proto.Uint64(1), RequestId: proto.Uint64(12)}}))
+
+	if got := decodeAll(t, l.broker.take()); len(got) != 0 {
+		t.Fatalf("broker got %v right behind the ACK", got)
+	}
+	l.tick(250 * time.Millisecond)
+	if got := decodeAll(t, l.broker.take()); len(got) != 1 || got[0].GetCloseConsumer().GetRequestId() != 12 {
+		t.Fatalf("broker got %v; want the client's CLOSE_CONSUMER after the settle", got)
+	}
+	l.feed(l.broker, frame(t, ksSuccess(12)))
+	if got := decodeAll(t, l.client.take()); len(got) != 1 || got[0].GetSuccess().GetRequestId() != 12 {
+		t.Fatalf("client got %v", got)
+	}
+}
