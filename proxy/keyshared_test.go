@@ -246,3 +246,35 @@ func TestCoreManagedClientCloseWaitsOutTheAckSettle(t *testing.T) {
 		t.Fatalf("client got %v", got)
 	}
 }
+
+// DESIGN contract 7 (bounded memory).
+// Given a managed consumer sent more entries than the proxy tracks (maxTrackedEntries),
+// when a rebalance releases it and it acknowledges every entry,
+// then the tracking stayed bounded, and the proxy, no longer able to tell that nothing is
+// unacknowledged, closes it only at the handoff timeout.
+func TestCoreManagedTrackingIsBounded(t *testing.T) {
+	l := managedCore(t)
+	l.feed(l.client, frame(t, ksSubscribe(1, 10, "a")))
+	l.feed(l.broker, frame(t, ksSuccess(10)))
+	var msgs, acks []byte
+	for e := uint64(0); e < maxTrackedEntries+10; e++ {
+		msgs = append(msgs, frame(t, ksMessage(1, e))...)
+		acks = append(acks, frame(t, ksAck(1, e))...)
+	}
+	l.feed(l.broker, msgs)
+	if n := len(l.s.ks[1].pending); n > maxTrackedEntries {
+		t.Fatalf("%d entries tracked, limit %d", n, maxTrackedEntries)
+	}
+	l.feed(l.client, frame(t, ksSubscribe(2, 11, "b")))
+	l.feed(l.client, acks)
+	l.broker.take()
+
+	l.tick(time.Second)
+	if got := decodeAll(t, l.broker.take()); len(got) != 0 {
+		t.Fatalf("broker got %v before the handoff timeout", got)
+	}
+	l.tick(l.srv.cfg.HandoffTimeout)
+	if got := decodeAll(t, l.broker.take()); len(got) != 1 || got[0].GetCloseConsumer().GetConsumerId() != 1 {
+		t.Fatalf("broker got %v; want CLOSE_CONSUMER of consumer 1 at the timeout", got)
+	}
+}
