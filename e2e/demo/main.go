@@ -1,6 +1,20 @@
-// Command demo sends traffic through the proxy and shows that it arrived: it produces keyed
-// messages with properties (batched and unbatched) through the proxy's service URL, consumes
-// them back through the proxy, and reads what the broker stored through its admin API.
+// Command demo shows, side by side, what the proxy changes: it runs the same small workloads
+// directly against the broker and through the proxy, under the policy each one is for, and
+// prints one table of what the broker stored (read back through its admin API) and what the
+// consumers saw. run.sh runs it against the proxy it starts with e2e/demo/policies.yaml.
+//
+// The workloads (each on its own new topic; the proxy's rules match them by name):
+//   - coalesce: unbatched asynchronous sends; the proxy merges them into fewer entries.
+//   - properties: batched sends with a "region" property in runs; the proxy keeps each
+//     entry to one region and stamps it as the entry's outer property (what a PIP-191 entry
+//     filter reads).
+//   - buckets: batched keyed sends to a Key_Shared subscription of default (AUTO_SPLIT)
+//     consumers; directly, batches of mixed keys reach a consumer that does not own them.
+//   - chunks: chunked messages through a relay that cuts the producer's connection after two
+//     chunks, so the client resends them; the proxy drops the copies (PIP-295).
+//
+// It exits non-zero when a workload fails or the proxy's column does not show its policy's
+// effect.
 package main
 
 import (
@@ -17,75 +31,68 @@ import (
 	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
 )
 
+// env is what every workload needs: the two ways in, and the broker to read back.
+type env struct {
+	direct, proxy string // service URLs
+	broker        *harness.Broker
+	run           string // suffix of this run's topic names
+	logger        log.Logger
+}
+
 func main() {
 	proxyURL := flag.String("proxy", "pulsar://127.0.0.1:6650", "the proxy's service URL")
+	brokerURL := flag.String("broker", "pulsar://127.0.0.1:16650", "the broker's service URL, for the direct column")
 	adminURL := flag.String("admin", "http://127.0.0.1:18080", "the broker's admin URL, to read what it stored")
-	count := flag.Int("n", 200, "messages to send")
 	flag.Parse()
-	if err := run(*proxyURL, *adminURL, *count); err != nil {
-		fmt.Fprintln(os.Stderr, "demo: FAILED:", err)
+	l := logrus.New()
+	l.SetLevel(logrus.ErrorLevel)
+	e := env{direct: *brokerURL, proxy: *proxyURL, broker: harness.Attach(*brokerURL, *adminURL, ""),
+		run: fmt.Sprint(time.Now().Unix()), logger: log.NewLoggerWithLogrus(l)}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	var t table
+	failed := false
+	for _, w := range workloads {
+		fmt.Printf("demo: %s ...\n", w.title)
+		rows, err := w.run(ctx, e)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "demo: %s: FAILED: %v\n", w.name, err)
+			failed = true
+			continue
+		}
+		t.section(w.name, w.title, rows)
+		for _, r := range rows {
+			if r.want != nil && !r.want(r.proxy) {
+				fmt.Fprintf(os.Stderr, "demo: %s: through the proxy, %q is %s: not the policy's effect\n", w.name, r.what, r.proxy)
+				failed = true
+			}
+		}
+	}
+	t.print(os.Stdout)
+	if failed {
 		os.Exit(1)
 	}
 }
 
-func run(proxyURL, adminURL string, n int) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	l := logrus.New()
-	l.SetLevel(logrus.WarnLevel)
-	client, err := pulsar.NewClient(pulsar.ClientOptions{URL: proxyURL, Logger: log.NewLoggerWithLogrus(l), OperationTimeout: 20 * time.Second})
-	if err != nil {
-		return err
-	}
-	defer client.Close()
-	topic := fmt.Sprintf("persistent://public/default/demo-%d", time.Now().Unix())
-	consumer, err := client.Subscribe(pulsar.ConsumerOptions{Topic: topic, SubscriptionName: "demo", SubscriptionInitialPosition: pulsar.SubscriptionPositionEarliest})
-	if err != nil {
-		return fmt.Errorf("subscribe through the proxy: %w", err)
-	}
-	defer consumer.Close()
-	producer, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic})
-	if err != nil {
-		return fmt.Errorf("create producer through the proxy: %w", err)
-	}
-	start := time.Now()
-	for i := 0; i < n; i++ {
-		msg := &pulsar.ProducerMessage{Payload: []byte(fmt.Sprintf("hello %d", i)), Key: fmt.Sprintf("key-%d", i%10), Properties: map[string]string{"i": fmt.Sprint(i)}}
-		if i%2 == 0 {
-			producer.SendAsync(ctx, msg, func(pulsar.MessageID, *pulsar.ProducerMessage, error) {})
-			continue
-		}
-		if _, err := producer.Send(ctx, msg); err != nil {
-			return fmt.Errorf("send %d: %w", i, err)
-		}
-	}
-	if err := producer.FlushWithCtx(ctx); err != nil {
-		return err
-	}
-	fmt.Printf("demo: produced %d messages through %s to %s in %v\n", n, proxyURL, topic, time.Since(start).Round(time.Millisecond))
-	for i := 0; i < n; i++ {
-		m, err := consumer.Receive(ctx)
-		if err != nil {
-			return fmt.Errorf("receive %d: %w", i, err)
-		}
-		if got, want := string(m.Payload()), fmt.Sprintf("hello %d", i); got != want {
-			return fmt.Errorf("message %d is %q, want %q", i, got, want)
-		}
-		_ = consumer.Ack(m)
-	}
-	fmt.Printf("demo: consumed all %d back through the proxy, in order\n", n)
-	b := harness.Attach("", adminURL, "")
-	entries, err := b.StoredEntries(ctx, topic)
-	if err != nil {
-		return fmt.Errorf("reading stored entries: %w", err)
-	}
-	msgs := 0
-	for _, e := range entries {
-		msgs += e.NumMessages
-	}
-	fmt.Printf("demo: the broker stored %d messages in %d entries\n", msgs, len(entries))
-	if msgs != n {
-		return fmt.Errorf("broker stored %d messages, want %d", msgs, n)
-	}
-	return nil
+// workload is one side-by-side comparison.
+type workload struct {
+	name, title string
+	run         func(ctx context.Context, e env) ([]row, error)
+}
+
+var workloads = []workload{
+	{"coalesce", fmt.Sprintf("%d unbatched asynchronous sends of one producer", coalesceMessages), coalesceRun},
+	{"properties", fmt.Sprintf("%d batched sends, property region=us|eu|ap changing every %d", propertiesMessages, regionRun), propertiesRun},
+	{"buckets", fmt.Sprintf("%d batched sends over %d keys, 2 default Key_Shared consumers", bucketsMessages, bucketsKeys), bucketsRun},
+	{"chunks", fmt.Sprintf("%d chunked messages of %d chunks, the connection cut after %d chunks", chunkMessages, chunkCount, chunkCut), chunksRun},
+}
+
+// client opens a Pulsar client at url with the demo's quiet logger.
+func (e env) client(url string) (pulsar.Client, error) {
+	return pulsar.NewClient(pulsar.ClientOptions{URL: url, Logger: e.logger, OperationTimeout: 30 * time.Second})
+}
+
+// topic names a new topic of the workload for one column; the proxy's rules match the prefix.
+func (e env) topic(workload, column string) string {
+	return fmt.Sprintf("persistent://public/default/demo-%s-%s-%s", workload, column, e.run)
 }
