@@ -20,7 +20,8 @@ for tool in go java mvn python3 curl; do
 done
 
 echo "== go vet"
-go vet ./...
+# Two modules (go.work): the product at the root, the end-to-end tests in e2e/.
+go vet ./... ./e2e/...
 # shellcheck disable=SC2046 # one argument per file
 unformatted=$(gofmt -l $(git ls-files '*.go' | grep -v '\.pb\.go$') 2>/dev/null || true)
 [ -z "$unformatted" ] || die "gofmt would change: $unformatted"
@@ -42,7 +43,7 @@ echo "== go test (unit and end to end, real broker at $PULSAR_SERVICE_URL)"
 # One package at a time (-p 1): the end-to-end packages start JVMs, Python clients and private
 # brokers, and on two cores running them together turns client timeouts into failures.
 # shellcheck disable=SC2086
-go test -p 1 -count=1 -timeout 60m ${GO_TEST_FLAGS:-} ./...
+go test -p 1 -count=1 -timeout 60m ${GO_TEST_FLAGS:-} ./... ./e2e/...
 
 FUZZTIME=${FUZZTIME:-5s}
 if [ "$FUZZTIME" != 0 ]; then

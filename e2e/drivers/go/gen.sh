@@ -54,7 +54,7 @@ EOM
   else
     ln -sfn ../common/snappy_no.go "$d/snappy.go"
   fi
-  (cd "$d" && go mod tidy)
+  (cd "$d" && GOWORK=off go mod tidy)
   # tidy may rewrite the require block; pin check: the main module must still use exactly $v.
   got=$(cd "$d" && go list -m -f '{{.Version}}' github.com/apache/pulsar-client-go)
   [ "$got" = "$v" ] || { echo "gen.sh: $v resolved to $got" >&2; exit 1; }

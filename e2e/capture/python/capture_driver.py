@@ -1,6 +1,6 @@
 """Drives one capture scenario with the PyPI pulsar-client (C++ core).
 
-Run by wire/internal/capture with the flags of Scenario.Args plus --url and
+Run by e2e/capture with the flags of Scenario.Args plus --url and
 --topic: subscribe, produce, receive and acknowledge every message, close.
 Exit 0 on success, 3 when this client cannot do what the scenario asks.
 """

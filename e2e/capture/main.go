@@ -15,11 +15,11 @@
 //
 // Usage, from the repository root, with a broker on the default ports:
 //
-//	go run ./wire/internal/capture -client go                # pulsar-client-go linked here
-//	go run ./wire/internal/capture -client python            # PyPI pulsar-client in a venv under wire/.cache
-//	go run ./wire/internal/capture -driver go-v0.8.1             # any pinned client of e2e/drivers
-//	go run ./wire/internal/capture -driver java-4.0.13
-//	go run ./wire/internal/capture -client mine -client-version 1.0 \
+//	go run ./e2e/capture -client go                # pulsar-client-go linked here
+//	go run ./e2e/capture -client python            # PyPI pulsar-client in a venv under wire/.cache
+//	go run ./e2e/capture -driver go-v0.8.1             # any pinned client of e2e/drivers
+//	go run ./e2e/capture -driver java-4.0.13
+//	go run ./e2e/capture -client mine -client-version 1.0 \
 //	    -exec 'my-driver --url {url} --topic {topic}'            # any driver taking Scenario.Args
 //
 // -scenario selects a comma-separated subset (default all).
@@ -116,7 +116,7 @@ func run(o options) error {
 		if o.version, err = setupPython(o.python, o.pythonClient); err != nil {
 			return err
 		}
-		script, _ := filepath.Abs("wire/internal/capture/python/capture_driver.py")
+		script, _ := filepath.Abs("e2e/capture/python/capture_driver.py")
 		drive = func(ctx context.Context, url, topic string, s Scenario) error {
 			return runExternal(ctx, o.python+" "+script+" --url {url} --topic {topic}", url, topic, s)
 		}
