@@ -26,6 +26,15 @@ go vet ./... ./e2e/...
 unformatted=$(gofmt -l $(git ls-files '*.go' | grep -v '\.pb\.go$') 2>/dev/null || true)
 [ -z "$unformatted" ] || die "gofmt would change: $unformatted"
 
+# helm, for e2e/helm (the chart's lint, render and manifest check): pinned, from the Go module
+# proxy, built once per machine into $(go env GOPATH)/bin.
+PATH="$(go env GOPATH)/bin:$PATH"
+export PATH
+if ! command -v helm >/dev/null 2>&1; then
+  echo "== helm v3.22.0 (built once per machine, a few minutes)"
+  (cd /tmp && timeout 900 go install helm.sh/helm/v3/cmd/helm@v3.22.0)
+fi
+
 if [ -x e2e/drivers/setup.sh ]; then
   echo "== client drivers (Go, Java, Python)"
   e2e/drivers/setup.sh
