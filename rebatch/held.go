@@ -15,7 +15,7 @@ import (
 // SendTagged forwards a client send unchanged, like a send that is never merged, and reports
 // its fate to Config.OnTagged with tag (non-zero).
 func (p *Producer) SendTagged(now time.Time, f wire.Frame, tag uint64, out *Output) error {
-	s, err := p.admit(f)
+	s, err := p.parseAdmit(f)
 	if err != nil {
 		return err
 	}
@@ -31,7 +31,7 @@ func (p *Producer) SendTagged(now time.Time, f wire.Frame, tag uint64, out *Outp
 // Hold queues a client send that is not forwarded; Resolve, Fail or Promote settles it later.
 // It returns the send's handle.
 func (p *Producer) Hold(now time.Time, f wire.Frame, out *Output) (uint64, error) {
-	s, err := p.admit(f)
+	s, err := p.parseAdmit(f)
 	if err != nil {
 		return 0, err
 	}
@@ -42,6 +42,15 @@ func (p *Producer) Hold(now time.Time, f wire.Frame, out *Output) (uint64, error
 	id := p.sendBase + uint64(p.Pending())
 	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID, parts: 1})
 	return id, nil
+}
+
+// parseAdmit parses a SEND and admits it (chunks and held sends are rare: parsed here again).
+func (p *Producer) parseAdmit(f wire.Frame) (wire.Send, error) {
+	s, err := wire.ParseSend(f)
+	if err != nil {
+		return s, err
+	}
+	return s, p.admit(&s)
 }
 
 func (p *Producer) held(id uint64) *clientSend {

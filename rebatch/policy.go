@@ -188,6 +188,7 @@ func (p *Policy) Validate() error {
 // restriction is the compiled form of Policy.Restricted: keys sorted, values as sets.
 type restriction struct {
 	keys    []string
+	rawKeys [][]byte              // keys as bytes, for the entries' outer properties
 	allowed []map[string]struct{} // nil set: any value
 }
 
@@ -198,6 +199,7 @@ func compileRestriction(r map[string][]string) restriction {
 	}
 	sort.Strings(c.keys)
 	for _, k := range c.keys {
+		c.rawKeys = append(c.rawKeys, []byte(k))
 		var set map[string]struct{}
 		if len(r[k]) > 0 {
 			set = make(map[string]struct{}, len(r[k]))

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/rebatchproxy/rebatchproxy/route"
 	"github.com/rebatchproxy/rebatchproxy/wire"
 	"github.com/rebatchproxy/rebatchproxy/wire/batch"
@@ -230,9 +228,10 @@ type Producer struct {
 	stats Stats
 
 	// Scratch, reused across calls so the steady state does not allocate per frame.
-	md        pulsarpb.MessageMetadata
-	outMD     pulsarpb.MessageMetadata
-	smm       pulsarpb.SingleMessageMetadata
+	meta      wire.SendMetadata  // the send being taken (Send), scanned once
+	outMeta   wire.EntryMetadata // the entry being built (flush)
+	outProps  []wire.Property
+	freeRefs  [][]sendRef // see refSlice
 	msgs      []msgRef
 	unzip     []byte
 	single    []byte
@@ -434,25 +433,32 @@ func (p *Producer) flushAll(out *Output) error {
 
 // admit reads a client SEND and checks it may join the engine: this producer's, within
 // MaxPendingSends.
-func (p *Producer) admit(f wire.Frame) (wire.Send, error) {
-	s, err := wire.ParseSend(f)
+func (p *Producer) admit(s *wire.Send) error {
 	switch {
-	case err != nil:
-		return s, err
 	case s.ProducerID != p.cfg.ProducerID:
-		return s, ErrWrongProducer
+		return ErrWrongProducer
 	case p.Pending() >= p.cfg.MaxPendingSends:
-		return s, ErrTooManyPending
+		return ErrTooManyPending
 	}
-	return s, nil
+	return nil
 }
 
 // Send takes one client SEND frame of this producer.
 func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
-	s, err := p.admit(f)
+	s, err := wire.ParseSend(f)
 	if err != nil {
 		return err
 	}
+	return p.SendParsed(now, f, &s, out)
+}
+
+// SendParsed is Send for a caller that has already parsed the frame's CommandSend into s (the
+// proxy, to find the producer): the command is not read again.
+func (p *Producer) SendParsed(now time.Time, f wire.Frame, sp *wire.Send, out *Output) error {
+	if err := p.admit(sp); err != nil {
+		return err
+	}
+	s := *sp
 	if !f.HasPayload() {
 		return ErrMalformedSend
 	}
@@ -460,14 +466,13 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 		p.stats.ClientSends++
 		return p.verbatim(now, f, &s, out)
 	}
-	p.md.Reset()
-	if err := wire.DecodeMetadata(f.Metadata(), &p.md); err != nil {
+	if err := wire.ParseSendMetadata(f.Metadata(), &p.meta); err != nil {
 		return fmt.Errorf("%w: %v", ErrMalformedSend, err)
 	}
 	p.stats.ClientSends++
 	// A send whose checksum fails is the broker's to refuse (ChecksumError), exactly as on a
 	// direct connection; rebuilding it would launder corrupt data into a valid entry.
-	if neverMerged(&s, &p.md) || !f.HasChecksum() || f.VerifyChecksum() != nil {
+	if neverMerged(&s, &p.meta) || !f.HasChecksum() || f.VerifyChecksum() != nil {
 		return p.verbatim(now, f, &s, out)
 	}
 	msgs, err := p.explode(f, &s)
@@ -624,27 +629,22 @@ func (p *Producer) flushIdle(l *lane, out *Output) {
 // neverMerged reports whether a send must be forwarded alone and unchanged (DESIGN.md
 // section 2): chunks, markers, transactions, encrypted payloads, delayed delivery and
 // replication, whose meaning is tied to the entry as the client built it.
-func neverMerged(s *wire.Send, md *pulsarpb.MessageMetadata) bool {
-	return s.IsChunk || s.Marker || s.TxnIDLeastBits != 0 || s.TxnIDMostBits != 0 || s.MessageID != nil ||
-		md.ChunkId != nil || md.NumChunksFromMsg != nil || md.Uuid != nil ||
-		len(md.EncryptionKeys) > 0 || md.EncryptionAlgo != nil || md.EncryptionParam != nil ||
-		md.DeliverAtTime != nil || md.MarkerType != nil ||
-		md.ReplicatedFrom != nil || len(md.ReplicateTo) > 0 ||
-		md.TxnidLeastBits != nil || md.TxnidMostBits != nil
+func neverMerged(s *wire.Send, md *wire.SendMetadata) bool {
+	return s.IsChunk || s.Marker || s.TxnIDLeastBits != 0 || s.TxnIDMostBits != 0 || s.MessageID != nil || md.Special
 }
 
 // explode takes a send apart into messages, each with an encoded SingleMessageMetadata.
 func (p *Producer) explode(f wire.Frame, s *wire.Send) ([]msgRef, error) {
-	md := &p.md
+	md := &p.meta
 	payload := f.Payload()
-	if c := md.GetCompression(); c != pulsarpb.CompressionType_NONE {
-		if int(md.GetUncompressedSize()) > p.budget {
+	if c := md.Compression; c != pulsarpb.CompressionType_NONE {
+		if int(md.UncompressedSize) > p.budget {
 			// Compressed below the broker's limit but larger than an entry may be once
 			// uncompressed: only the client's own compression makes it fit.
 			return nil, errTooBig
 		}
 		var err error
-		p.unzip, err = compression.Decompress(p.unzip[:0], c, payload, int(md.GetUncompressedSize()), p.budget)
+		p.unzip, err = compression.Decompress(p.unzip[:0], c, payload, int(md.UncompressedSize), p.budget)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrMalformedSend, err)
 		}
@@ -652,31 +652,14 @@ func (p *Producer) explode(f wire.Frame, s *wire.Send) ([]msgRef, error) {
 	}
 	p.msgs = p.msgs[:0]
 	p.atomic, p.mixedSeq = false, false
-	if md.NumMessagesInBatch == nil {
+	if !md.Batched {
 		// A message sent alone: its own fields move from the outer metadata into a
 		// SingleMessageMetadata, where a batch keeps them.
-		smm := &p.smm
-		smm.Reset()
-		smm.Properties = md.Properties
-		smm.PartitionKey = md.PartitionKey
-		smm.PartitionKeyB64Encoded = md.PartitionKeyB64Encoded
-		smm.OrderingKey = md.OrderingKey
-		smm.EventTime = md.EventTime
-		smm.NullValue = md.NullValue
-		smm.NullPartitionKey = md.NullPartitionKey
-		seq := md.GetSequenceId()
-		smm.SequenceId = &seq
-		size := int32(len(payload))
-		smm.PayloadSize = &size
-		var err error
-		p.single, err = proto.MarshalOptions{AllowPartial: true, Deterministic: true}.MarshalAppend(p.single[:0], smm)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrMalformedSend, err)
-		}
+		p.single = md.AppendSingleMetadata(p.single[:0], len(payload))
 		p.msgs = append(p.msgs, msgRef{smm: p.single, payload: payload, seq: s.SequenceID})
 		return p.msgs, nil
 	}
-	n := int(md.GetNumMessagesInBatch())
+	n := int(md.NumMessagesInBatch)
 	it := batch.NewIterator(payload, n)
 	p.atomic, p.mixedSeq = false, false
 	for i := 0; it.Next(); i++ {
@@ -699,10 +682,10 @@ func (p *Producer) explode(f wire.Frame, s *wire.Send) ([]msgRef, error) {
 	return p.msgs, nil
 }
 
-// sameEntryFields reports whether the send in p.md may share an entry with an open batch: the
+// sameEntryFields reports whether the send in p.meta may share an entry with an open batch: the
 // entry-level fields other than compression must match.
 func (p *Producer) sameEntryFields(o *openBatch) bool {
-	return o.hasSchema == (p.md.SchemaVersion != nil) && bytes.Equal(o.schema, p.md.SchemaVersion)
+	return o.hasSchema == p.meta.HasSchemaVersion && bytes.Equal(o.schema, p.meta.SchemaVersion)
 }
 
 // groupOf returns the encoded restricted properties of a message, from its parsed metadata:
@@ -751,13 +734,13 @@ func (p *Producer) add(now time.Time, l *lane, id uint64, m msgRef, pm *planned,
 		o.sends = o.sends[:0]
 		o.group = append(o.group[:0], group...)
 		o.routeLen = p.routeLen(group)
-		o.hasSchema = p.md.SchemaVersion != nil
-		o.schema = append(o.schema[:0], p.md.SchemaVersion...)
-		o.compression = p.md.GetCompression()
+		o.hasSchema = p.meta.HasSchemaVersion
+		o.schema = append(o.schema[:0], p.meta.SchemaVersion...)
+		o.compression = p.meta.Compression
 		if p.cfg.Policy.Compression != nil {
 			o.compression = *p.cfg.Policy.Compression
 		}
-		o.publishTime, o.hasPublishTime = p.md.GetPublishTime(), p.md.PublishTime != nil
+		o.publishTime, o.hasPublishTime = p.meta.PublishTime, p.meta.HasPublishTime
 		o.key = o.key[:0]
 		o.hasKey, o.isOrdKey, o.keyB64, o.partitionKeyFirst, o.hasHash = false, false, false, false, false
 	}
@@ -815,41 +798,35 @@ func (p *Producer) flush(l *lane, out *Output) error {
 	if o.n == 0 {
 		return nil
 	}
-	md := &p.outMD
-	md.Reset()
-	md.ProducerName = proto.String(l.name)
-	md.SequenceId = proto.Uint64(o.lo)
-	md.HighestSequenceId = proto.Uint64(o.hi)
-	if o.hasPublishTime {
-		md.PublishTime = proto.Uint64(o.publishTime)
-	}
-	md.NumMessagesInBatch = proto.Int32(int32(o.n))
-	if o.hasSchema {
-		md.SchemaVersion = o.schema
+	md := &p.outMeta
+	*md = wire.EntryMetadata{
+		ProducerName: l.name, SequenceID: o.lo, HighestSequenceID: o.hi,
+		PublishTime: o.publishTime, HasPublishTime: o.hasPublishTime,
+		NumMessagesInBatch: int32(o.n),
+		SchemaVersion:      o.schema, HasSchemaVersion: o.hasSchema,
 	}
 	switch {
 	case o.isOrdKey:
 		// Under buckets: the routing key, as the bytes hashB was computed from, in
 		// ordering_key, which Key_Shared prefers and reads as bytes. An empty key stays present.
-		md.OrderingKey = nonNil(o.key)
+		md.OrderingKey, md.HasOrderingKey = o.key, true
 	case o.partitionKeyFirst:
-		md.PartitionKey = proto.String(string(o.key))
-		if o.keyB64 {
-			md.PartitionKeyB64Encoded = proto.Bool(true)
-		}
+		md.PartitionKey, md.HasPartitionKey, md.PartitionKeyB64Encoded = o.key, true, o.keyB64
 	}
 	if o.hasHash {
-		wire.SetEntryHashRange(md, uint32(o.hashLo), uint32(o.hashHi))
+		md.EntryHashMin, md.EntryHashMax, md.HasEntryHashRange = uint32(o.hashLo), uint32(o.hashHi), true
 	}
 	// The group's restricted key/values become the entry's outer properties (PIP-191).
+	p.outProps = p.outProps[:0]
 	for b := o.group[o.routeLen:]; len(b) > 0; {
 		i, n := binary.Uvarint(b)
 		b = b[n:]
 		ln, n := binary.Uvarint(b)
 		b = b[n:]
-		md.Properties = append(md.Properties, &pulsarpb.KeyValue{Key: proto.String(p.restrict.keys[i]), Value: proto.String(string(b[:ln]))})
+		p.outProps = append(p.outProps, wire.Property{Key: p.restrict.rawKeys[i], Value: b[:ln]})
 		b = b[ln:]
 	}
+	md.Properties = p.outProps
 	payload := o.buf
 	codec := o.compression
 	if codec != pulsarpb.CompressionType_NONE {
@@ -863,20 +840,14 @@ func (p *Producer) flush(l *lane, out *Output) error {
 			payload = p.zipped
 		}
 	}
-	if codec != pulsarpb.CompressionType_NONE {
-		md.Compression = codec.Enum()
-	}
-	md.UncompressedSize = proto.Uint32(uint32(len(o.buf)))
+	md.Compression = codec
+	md.UncompressedSize = uint32(len(o.buf))
 	send := wire.Send{ProducerID: l.producerID, SequenceID: o.lo, NumMessages: int32(o.n), HighestSequenceID: o.hi}
 	start := len(out.Broker)
-	var err error
-	out.Broker, err = wire.AppendSendFrameMetadata(out.Broker, &send, md, payload)
-	if err != nil {
-		return err
-	}
+	out.Broker = wire.AppendEntrySendFrame(out.Broker, &send, md, payload)
 	e := inflight{lo: o.lo, hi: o.hi, one: o.sends[0].sendRef}
 	if len(o.sends) > 1 {
-		e.more = make([]sendRef, len(o.sends))
+		e.more = p.refSlice(len(o.sends))
 	}
 	for i, sc := range o.sends {
 		if e.more != nil {
@@ -1025,6 +996,7 @@ func (p *Producer) Receipt(r wire.SendReceipt, out *Output) error {
 		}
 	}
 	releaseAll(refs, out)
+	p.recycleRefs(&e)
 	switch {
 	case r.HasMessageID && r.LedgerID != dupLedger:
 		// Stored: the broker's persisted mark is now at least this entry's highest id.
@@ -1036,6 +1008,31 @@ func (p *Producer) Receipt(r wire.SendReceipt, out *Output) error {
 	p.releaseWaiting(l, false, out)
 	p.flushIdle(l, out)
 	return nil
+}
+
+// maxFreeRefs bounds the recycled sendRef slices a Producer keeps.
+const maxFreeRefs = 64
+
+// refSlice returns a slice of n sendRefs for an entry of several sends, recycled from entries
+// already answered when one is large enough, so the steady state does not allocate per entry.
+func (p *Producer) refSlice(n int) []sendRef {
+	for i := len(p.freeRefs) - 1; i >= 0; i-- {
+		if r := p.freeRefs[i]; cap(r) >= n {
+			p.freeRefs[i] = p.freeRefs[len(p.freeRefs)-1]
+			p.freeRefs = p.freeRefs[:len(p.freeRefs)-1]
+			return r[:n]
+		}
+	}
+	return make([]sendRef, n)
+}
+
+// recycleRefs keeps an answered entry's sendRef slice for refSlice.
+func (p *Producer) recycleRefs(e *inflight) {
+	if e.more != nil && len(p.freeRefs) < maxFreeRefs {
+		clear(e.more) // drop the references to the engines they name
+		p.freeRefs = append(p.freeRefs, e.more[:0])
+	}
+	e.more = nil
 }
 
 // refs returns the entry's sends, using buf (the caller's, on its stack) for the single case.
@@ -1086,6 +1083,7 @@ func (p *Producer) SendError(producerID, seq uint64, code pulsarpb.ServerError, 
 		}
 	}
 	releaseAll(refs, out)
+	p.recycleRefs(&e)
 	// The broker resets its marks after a failed write; held sends are its to judge now.
 	p.releaseWaiting(l, true, out)
 	return nil

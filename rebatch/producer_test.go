@@ -809,3 +809,23 @@ func TestTrackOnlySteadyStateDoesNotAllocate(t *testing.T) {
 		t.Fatalf("%v allocations per send and receipt", n)
 	}
 }
+
+// Given an engine under each rewriting policy in steady state (its buffers grown by a first
+// round),
+// when it takes 1,000 unbatched sends, builds their entries, and gets every receipt,
+// then it allocates nothing.
+func TestRewritingSteadyStateDoesNotAllocate(t *testing.T) {
+	for _, c := range unbatchedCases {
+		t.Run(c.name, func(t *testing.T) {
+			p, round := unbatchedEngine(t, c.pol, c.msg)
+			round()
+			built := p.stats.EntriesBuilt
+			if n := testing.AllocsPerRun(1, round); n != 0 { // one run: an exact count
+				t.Fatalf("%v allocations per 1,000 sends, want 0", n)
+			}
+			if p.stats.EntriesBuilt == built {
+				t.Fatal("no entry built: the spec measures nothing")
+			}
+		})
+	}
+}

@@ -67,68 +67,65 @@ func BenchmarkReadFrame128Checksum(b *testing.B) {
 	}
 }
 
-// goBatchSend is a SEND of a 10-message LZ4 batch with the metadata a Go client writes.
-func goBatchSend(b *testing.B) []byte {
-	b.Helper()
+// BenchmarkUnbatchedSendToEntry is the metadata work of the rewriting path for one unbatched
+// SEND and the entry it ends up in, both ways: "runtime" decodes the MessageMetadata with the
+// protobuf runtime and marshals the message's SingleMessageMetadata and the entry's outer
+// metadata from structs (the former path); "raw" scans the metadata once (ParseSendMetadata),
+// moves the message's fields with AppendSingleMetadata and writes the entry with
+// AppendEntrySendFrame (the path the engine takes).
+func BenchmarkUnbatchedSendToEntry(b *testing.B) {
 	md := &pulsarpb.MessageMetadata{
 		ProducerName: proto.String("standalone-0-7"), SequenceId: proto.Uint64(41), PublishTime: proto.Uint64(1700000000000),
 		PartitionKey: proto.String("user-42"), Properties: []*pulsarpb.KeyValue{{Key: proto.String("region"), Value: proto.String("eu")}},
-		NumMessagesInBatch: proto.Int32(10), UncompressedSize: proto.Uint32(1000), Compression: pulsarpb.CompressionType_LZ4.Enum(),
+		EventTime: proto.Uint64(1700000000001),
 	}
-	frame, err := AppendSendFrameMetadata(nil, &Send{ProducerID: 1, SequenceID: 41, NumMessages: 10}, md, bytes.Repeat([]byte{'x'}, 1000))
+	payload := bytes.Repeat([]byte{'x'}, 100)
+	frame, err := AppendSendFrameMetadata(nil, &Send{ProducerID: 1, SequenceID: 41}, md, payload)
 	if err != nil {
 		b.Fatal(err)
 	}
-	return frame
-}
-
-// BenchmarkSendRestamp is the rewriting-policy path for one SEND: read the
-// frame, parse CommandSend, decode the metadata, stamp properties and the
-// PIP-486 range, and write the frame back with a fresh CRC. The metadata is
-// what a Go-client batch carries.
-func BenchmarkSendRestamp(b *testing.B) {
-	frame := goBatchSend(b)
-	out := make([]byte, 0, 2*len(frame))
-	var m pulsarpb.MessageMetadata
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		f, _, err := ReadFrame(frame, 0)
-		if err != nil {
-			b.Fatal(err)
+	entryPayload := make([]byte, 0, 256)
+	out := make([]byte, 0, 1024)
+	b.Run("runtime", func(b *testing.B) {
+		var m, outer pulsarpb.MessageMetadata
+		var smm pulsarpb.SingleMessageMetadata
+		var single []byte
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			f, _, _ := ReadFrame(frame, 0)
+			m.Reset()
+			if err := DecodeMetadata(f.Metadata(), &m); err != nil {
+				b.Fatal(err)
+			}
+			smm.Reset()
+			smm.Properties, smm.PartitionKey, smm.EventTime = m.Properties, m.PartitionKey, m.EventTime
+			seq, size := m.GetSequenceId(), int32(len(f.Payload()))
+			smm.SequenceId, smm.PayloadSize = &seq, &size
+			single, _ = proto.MarshalOptions{Deterministic: true}.MarshalAppend(single[:0], &smm)
+			entryPayload = append(append(entryPayload[:0], single...), f.Payload()...)
+			outer.Reset()
+			outer.ProducerName, outer.SequenceId, outer.HighestSequenceId = proto.String("p"), proto.Uint64(41), proto.Uint64(41)
+			outer.PublishTime, outer.NumMessagesInBatch = proto.Uint64(m.GetPublishTime()), proto.Int32(1)
+			outer.UncompressedSize = proto.Uint32(uint32(len(entryPayload)))
+			if out, err = AppendSendFrameMetadata(out[:0], &Send{ProducerID: 1, SequenceID: 41}, &outer, entryPayload); err != nil {
+				b.Fatal(err)
+			}
 		}
-		s, err := ParseSend(f)
-		if err != nil {
-			b.Fatal(err)
+	})
+	b.Run("raw", func(b *testing.B) {
+		var m SendMetadata
+		var single []byte
+		em := EntryMetadata{ProducerName: "p", SequenceID: 41, HighestSequenceID: 41, HasPublishTime: true, NumMessagesInBatch: 1}
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			f, _, _ := ReadFrame(frame, 0)
+			if err := ParseSendMetadata(f.Metadata(), &m); err != nil {
+				b.Fatal(err)
+			}
+			single = m.AppendSingleMetadata(single[:0], len(f.Payload()))
+			entryPayload = append(append(entryPayload[:0], single...), f.Payload()...)
+			em.PublishTime, em.UncompressedSize = m.PublishTime, uint32(len(entryPayload))
+			out = AppendEntrySendFrame(out[:0], &Send{ProducerID: 1, SequenceID: 41}, &em, entryPayload)
 		}
-		if err := DecodeMetadata(f.Metadata(), &m); err != nil {
-			b.Fatal(err)
-		}
-		SetProperty(&m, "tier", "gold")
-		SetEntryHashRange(&m, 100, 200)
-		s.SequenceID++
-		out, err = AppendSendFrameMetadata(out[:0], &s, &m, f.Payload())
-		if err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-// BenchmarkSendStampRaw is BenchmarkSendRestamp's work without decoding the
-// metadata: the same two stamps applied by AppendStampedFrame.
-func BenchmarkSendStampRaw(b *testing.B) {
-	frame := goBatchSend(b)
-	out := make([]byte, 0, 2*len(frame))
-	st := &Stamp{SetProperties: []KeyValue{{"tier", "gold"}}, SetEntryHashRange: true, EntryHashMin: 100, EntryHashMax: 200}
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		f, _, err := ReadFrame(frame, 0)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if out, err = AppendStampedFrame(out[:0], f, st); err != nil {
-			b.Fatal(err)
-		}
-	}
+	})
 }

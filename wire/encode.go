@@ -20,20 +20,6 @@ func beginFrame(dst []byte) ([]byte, int) {
 	return append(dst, 0, 0, 0, 0, 0, 0, 0, 0), len(dst)
 }
 
-// appendFrameHead begins a copy of payload frame f: the size prefixes, f's
-// command and any broker entry metadata block, unchanged. The caller appends
-// the checksum block, metadata and payload, then calls endFrame with start.
-func appendFrameHead(dst []byte, f Frame) ([]byte, int) {
-	dst, start := beginFrame(dst)
-	dst = append(dst, f.Command()...)
-	endCommand(dst, start)
-	if f.bemOff != 0 {
-		dst = append(dst, f.b[f.bemOff-6:f.bemOff]...)
-		dst = append(dst, f.BrokerEntryMetadata()...)
-	}
-	return dst, start
-}
-
 // endCommand patches commandSize once the BaseCommand has been appended.
 func endCommand(dst []byte, start int) {
 	binary.BigEndian.PutUint32(dst[start+4:], uint32(len(dst)-start-frameHeaderLen))

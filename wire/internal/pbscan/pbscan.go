@@ -19,6 +19,10 @@ const (
 	Fixed32    = 5
 )
 
+// maxFieldNumber is the largest field number protobuf allows (2^29-1); the runtime refuses
+// larger ones, and so does Next.
+const maxFieldNumber = 1<<29 - 1
+
 // maxGroupDepth bounds group nesting, as the protobuf runtime bounds
 // recursion, so hostile input cannot make skipping quadratic or deep.
 const maxGroupDepth = 100
@@ -56,11 +60,11 @@ func Uvarint(b []byte) (v uint64, n int) {
 }
 
 // Next decodes the field at the start of b and returns the bytes it used,
-// or 0 when b is malformed (truncated, field number 0, a stray end-group,
+// or 0 when b is malformed (truncated, field number 0 or above 2^29-1, a stray end-group,
 // an unterminated group). For a group, B holds its contents.
 func Next(b []byte) (Field, int) {
 	key, n := Uvarint(b)
-	if n == 0 || key>>3 == 0 {
+	if n == 0 || key>>3 == 0 || key>>3 > maxFieldNumber {
 		return Field{}, 0
 	}
 	f := Field{Num: key >> 3, WireType: key & 7}

@@ -1,0 +1,245 @@
+package wire
+
+import (
+	"encoding/binary"
+
+	"github.com/rebatchproxy/rebatchproxy/wire/internal/pbscan"
+	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
+)
+
+// Field numbers of MessageMetadata the rewriting path reads or writes.
+const (
+	mdProducerName           = 1
+	mdSequenceID             = 2
+	mdPublishTime            = 3
+	mdProperties             = 4
+	mdReplicatedFrom         = 5
+	mdPartitionKey           = 6
+	mdReplicateTo            = 7
+	mdCompression            = 8
+	mdUncompressedSize       = 9
+	mdNumMessagesInBatch     = 11
+	mdEventTime              = 12
+	mdEncryptionKeys         = 13
+	mdEncryptionAlgo         = 14
+	mdEncryptionParam        = 15
+	mdSchemaVersion          = 16
+	mdPartitionKeyB64Encoded = 17
+	mdOrderingKey            = 18
+	mdDeliverAtTime          = 19
+	mdMarkerType             = 20
+	mdTxnidLeastBits         = 22
+	mdTxnidMostBits          = 23
+	mdHighestSequenceID      = 24
+	mdNullValue              = 25
+	mdUUID                   = 26
+	mdNumChunksFromMsg       = 27
+	mdChunkID                = 29
+	mdNullPartitionKey       = 30
+	mdCompactedBatchIndexes  = 31
+	mdEntryHashMin           = 33
+	mdEntryHashMax           = 34
+)
+
+// Field numbers of SingleMessageMetadata.
+const (
+	smmProperties             = 1
+	smmPartitionKey           = 2
+	smmPayloadSize            = 3
+	smmEventTime              = 5
+	smmPartitionKeyB64Encoded = 6
+	smmOrderingKey            = 7
+	smmSequenceID             = 8
+	smmNullValue              = 9
+	smmNullPartitionKey       = 10
+)
+
+// SendMetadata is what the rewriting path needs of a SEND's MessageMetadata, read from its
+// encoding in one pass without allocating (ParseSendMetadata): the fields that decide whether
+// and how the send may be merged, and, for a message sent alone, where its own fields are, so
+// that AppendSingleMetadata can move them into the SingleMessageMetadata a batch gives it.
+//
+// It reads the encoding as the protobuf runtime decodes it: for a field given more than once
+// the last occurrence counts, a known field with an unexpected wire type is an unknown field,
+// and unknown fields are skipped. Byte fields alias the scanned buffer.
+type SendMetadata struct {
+	raw []byte
+
+	SequenceID       uint64
+	PublishTime      uint64
+	HasPublishTime   bool
+	Compression      pulsarpb.CompressionType
+	UncompressedSize uint32
+	// NumMessagesInBatch is set when Batched: the payload is in batch format.
+	NumMessagesInBatch int32
+	Batched            bool
+	SchemaVersion      []byte
+	HasSchemaVersion   bool
+	// Special is true when the message must travel alone and unchanged (DESIGN.md section 2):
+	// a chunk, an encrypted, delayed, marker, replicated or transactional message, or a codec
+	// this build does not know.
+	Special bool
+
+	// The fields of a message sent alone that move into its SingleMessageMetadata.
+	partitionKey, orderingKey  []byte
+	hasPartitionKey            bool
+	hasOrderingKey             bool
+	eventTime                  uint64
+	hasEventTime               bool
+	b64, nullValue, nullPK     bool
+	hasB64, hasNull, hasNullPK bool
+	properties                 int // occurrences of properties
+}
+
+// ParseSendMetadata reads the encoded MessageMetadata b (Frame.Metadata) into m, replacing its
+// contents. It returns ErrMalformedMetadata when b, or a property in it, is not well-formed
+// protobuf. Missing required fields are accepted, as a broker would.
+func ParseSendMetadata(b []byte, m *SendMetadata) error {
+	*m = SendMetadata{raw: b}
+	for rest := b; len(rest) > 0; {
+		f, n := pbscan.Next(rest)
+		if n == 0 {
+			return ErrMalformedMetadata
+		}
+		rest = rest[n:]
+		if f.WireType == pbscan.Bytes {
+			switch f.Num {
+			case mdProperties:
+				if !wellFormed(f.B) {
+					return ErrMalformedMetadata
+				}
+				m.properties++
+			case mdPartitionKey:
+				m.partitionKey, m.hasPartitionKey = f.B, true
+			case mdOrderingKey:
+				m.orderingKey, m.hasOrderingKey = f.B, true
+			case mdSchemaVersion:
+				m.SchemaVersion, m.HasSchemaVersion = f.B, true
+			case mdCompactedBatchIndexes:
+				// Packed varints, which the runtime reads (and refuses when truncated).
+				if !packedVarints(f.B) {
+					return ErrMalformedMetadata
+				}
+			case mdReplicatedFrom, mdReplicateTo, mdEncryptionKeys, mdEncryptionAlgo, mdEncryptionParam, mdUUID:
+				m.Special = true
+			}
+			continue
+		}
+		if f.WireType != pbscan.Varint {
+			continue
+		}
+		switch f.Num {
+		case mdSequenceID:
+			m.SequenceID = f.V
+		case mdPublishTime:
+			m.PublishTime, m.HasPublishTime = f.V, true
+		case mdCompression:
+			m.Compression = pulsarpb.CompressionType(int32(f.V))
+		case mdUncompressedSize:
+			m.UncompressedSize = uint32(f.V)
+		case mdNumMessagesInBatch:
+			m.NumMessagesInBatch, m.Batched = int32(f.V), true
+		case mdEventTime:
+			m.eventTime, m.hasEventTime = f.V, true
+		case mdPartitionKeyB64Encoded:
+			m.b64, m.hasB64 = f.V != 0, true
+		case mdNullValue:
+			m.nullValue, m.hasNull = f.V != 0, true
+		case mdNullPartitionKey:
+			m.nullPK, m.hasNullPK = f.V != 0, true
+		case mdDeliverAtTime, mdMarkerType, mdTxnidLeastBits, mdTxnidMostBits, mdNumChunksFromMsg, mdChunkID:
+			m.Special = true
+		}
+	}
+	if _, known := pulsarpb.CompressionType_name[int32(m.Compression)]; !known {
+		m.Special = true
+	}
+	return nil
+}
+
+// wellFormed reports whether b is a well-formed protobuf message.
+func wellFormed(b []byte) bool {
+	for len(b) > 0 {
+		_, n := pbscan.Next(b)
+		if n == 0 {
+			return false
+		}
+		b = b[n:]
+	}
+	return true
+}
+
+// packedVarints reports whether b is a sequence of whole varints.
+func packedVarints(b []byte) bool {
+	for len(b) > 0 {
+		_, n := pbscan.Uvarint(b)
+		if n == 0 {
+			return false
+		}
+		b = b[n:]
+	}
+	return true
+}
+
+// AppendSingleMetadata appends the SingleMessageMetadata of a message sent alone, as a batch
+// carries it: its properties, keys, event time and null markers moved from the outer metadata
+// m was parsed from (which must be unchanged), its sequence id and payloadSize. Fields are
+// written in field-number order, as the protobuf runtime writes them deterministically. It does
+// not allocate when dst has room.
+func (m *SendMetadata) AppendSingleMetadata(dst []byte, payloadSize int) []byte {
+	if m.properties > 0 {
+		for rest := m.raw; len(rest) > 0; {
+			f, n := pbscan.Next(rest)
+			rest = rest[n:]
+			if f.Num == mdProperties && f.WireType == pbscan.Bytes {
+				dst = appendBytesField(dst, smmProperties, f.B)
+			}
+		}
+	}
+	if m.hasPartitionKey {
+		dst = appendBytesField(dst, smmPartitionKey, m.partitionKey)
+	}
+	dst = appendVarintField(dst, smmPayloadSize, uint64(int64(int32(payloadSize))))
+	if m.hasEventTime {
+		dst = appendVarintField(dst, smmEventTime, m.eventTime)
+	}
+	if m.hasB64 {
+		dst = appendBoolField(dst, smmPartitionKeyB64Encoded, m.b64)
+	}
+	if m.hasOrderingKey {
+		dst = appendBytesField(dst, smmOrderingKey, m.orderingKey)
+	}
+	dst = appendVarintField(dst, smmSequenceID, m.SequenceID)
+	if m.hasNull {
+		dst = appendBoolField(dst, smmNullValue, m.nullValue)
+	}
+	if m.hasNullPK {
+		dst = appendBoolField(dst, smmNullPartitionKey, m.nullPK)
+	}
+	return dst
+}
+
+func appendVarintField(dst []byte, num, v uint64) []byte {
+	dst = binary.AppendUvarint(dst, num<<3|pbscan.Varint)
+	return binary.AppendUvarint(dst, v)
+}
+
+func appendBoolField(dst []byte, num uint64, v bool) []byte {
+	b := uint64(0)
+	if v {
+		b = 1
+	}
+	return appendVarintField(dst, num, b)
+}
+
+func appendBytesField(dst []byte, num uint64, v []byte) []byte {
+	dst = binary.AppendUvarint(dst, num<<3|pbscan.Bytes)
+	dst = binary.AppendUvarint(dst, uint64(len(v)))
+	return append(dst, v...)
+}
+
+func appendStringField(dst []byte, num uint64, v string) []byte {
+	dst = binary.AppendUvarint(dst, num<<3|pbscan.Bytes)
+	dst = binary.AppendUvarint(dst, uint64(len(v)))
+	return append(dst, v...)
+}
