@@ -43,6 +43,11 @@
 // the clients do; under buckets it is the first message's routing key in ordering_key (the
 // decoded base64 key, the JDK-repaired string key, or the fallback key of a keyless message).
 //
+// Under coalesce, a send that would be built into an entry of its one message and sent at once
+// (an unbatched, new message with nothing open or in flight on the client's producer) is
+// forwarded as the client built it instead: it is that entry, and a workload that cannot merge
+// pays nothing for the rebuild (Producer.alone).
+//
 // Never merged or split, forwarded as the original bytes after the open batch is flushed:
 // chunks, markers, transactional sends, encrypted payloads, delayed delivery, replicated
 // messages. A change of schema version ends the open batch.

@@ -97,6 +97,9 @@ type Stats struct {
 	// SendsOutOfOrder counts sends whose command id is at or below one the engine already
 	// sent; they are forwarded unchanged for the broker to judge, as it would directly.
 	SendsOutOfOrder uint64
+	// SendsAlone counts coalesce sends forwarded as the client built them because the entry
+	// they would become holds them alone and leaves at once (alone).
+	SendsAlone uint64
 	// SendsHeldForMark counts out-of-order sends held until the broker could judge them
 	// (outoforder.go).
 	SendsHeldForMark uint64
@@ -475,6 +478,14 @@ func (p *Producer) SendParsed(now time.Time, f wire.Frame, sp *wire.Send, out *O
 	if neverMerged(&s, &p.meta) || !f.HasChecksum() || f.VerifyChecksum() != nil {
 		return p.verbatim(now, f, &s, out)
 	}
+	if p.alone(&s) {
+		// The entry this send would become holds it alone and leaves at once: the client's own
+		// frame is that entry (unbatched), so a workload coalescing cannot merge costs what
+		// passthrough costs.
+		p.stats.ClientMessages++
+		p.stats.SendsAlone++
+		return p.verbatim(now, f, &s, out)
+	}
 	msgs, err := p.explode(f, &s)
 	if err == errTooBig {
 		return p.verbatim(now, f, &s, out)
@@ -624,6 +635,18 @@ func (p *Producer) flushIdle(l *lane, out *Output) {
 		p.stats.FlushIdle++
 		_ = p.flush(l, out) // a flush error is an encoding bug; the batch stays open for Tick
 	}
+}
+
+// alone reports whether a coalesce send would be built into an entry of its one message and
+// sent at once: an unbatched message on the client's own producer with nothing open or in
+// flight there (an idle lane sends at once, flushReady), new (above every mark), with no codec
+// for the policy to apply. (Under properties and buckets the built entry's outer metadata would
+// differ: stamped properties, a bucket producer.)
+func (p *Producer) alone(s *wire.Send) bool {
+	l := p.lanes[0]
+	return p.cfg.Policy.Kind == Coalesce && len(p.lanes) == 1 && !p.cfg.Policy.HoldWhenIdle && p.cfg.Policy.Compression == nil &&
+		!p.meta.Batched && s.NumMessages <= 1 && l.ready && l.open.n == 0 && len(l.entries) == 0 && len(l.waiting) == 0 &&
+		int64(s.SequenceID) > p.ownMark && int64(s.SequenceID) > l.lastPushed && s.HighestSequenceID <= s.SequenceID
 }
 
 // neverMerged reports whether a send must be forwarded alone and unchanged (DESIGN.md

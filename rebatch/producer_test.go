@@ -694,7 +694,8 @@ func TestCorruptSendIsNotLaundered(t *testing.T) {
 // Given the coalesce policy with its default group commit,
 // when a first send arrives with nothing in flight, then nine more while its entry is in
 // flight, and then the broker acknowledges the first entry,
-// then the first send goes at once alone, and the nine go as one entry when the
+// then the first send goes at once alone, as the client built it (it is the entry it would be
+// built into: a workload that cannot merge pays nothing for coalesce), and the nine go as one entry when the
 // acknowledgement makes the lane idle, without waiting for the delay.
 func TestIdleLaneSendsAtOnceAndBatchesWhileInFlight(t *testing.T) {
 	p, err := NewProducer(Config{Policy: Policy{Kind: Coalesce}, ProducerID: pid, ProducerName: "p", LastSequenceID: -1})
@@ -702,10 +703,11 @@ func TestIdleLaneSendsAtOnceAndBatchesWhileInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out Output
-	send(t, p, clientSingle(t, msg{payload: "0", seq: 0}), &out)
+	lone := clientSingle(t, msg{payload: "0", seq: 0})
+	send(t, p, lone, &out)
 	first := decodeEntries(t, out.Broker)
-	if len(first) != 1 || len(first[0].msgs) != 1 {
-		t.Fatalf("the first send was not sent at once: %d entries", len(first))
+	if len(first) != 1 || !bytes.Equal(first[0].raw, lone) {
+		t.Fatalf("the first send was not sent at once as the client built it (the entry it would be alone): %d entries", len(first))
 	}
 	out.Broker = out.Broker[:0]
 	for i := 1; i < 10; i++ {
@@ -721,7 +723,7 @@ func TestIdleLaneSendsAtOnceAndBatchesWhileInFlight(t *testing.T) {
 	if len(second) != 1 || len(second[0].msgs) != 9 {
 		t.Fatalf("after the receipt: %d entries, want one of 9 messages", len(second))
 	}
-	if s := p.Stats(); s.FlushIdle != 2 || s.FlushDelay != 0 {
+	if s := p.Stats(); s.SendsAlone != 1 || s.FlushIdle != 1 || s.FlushDelay != 0 {
 		t.Fatalf("stats %+v", s)
 	}
 }
