@@ -5,12 +5,13 @@
 #   make e2e     e2e/test.sh: everything, against a real Apache Pulsar broker
 #   make fuzz    every fuzz target for FUZZTIME (default 30s) each
 #   make lint    gofmt, go vet, staticcheck, shellcheck
+#   make deadcode  functions neither the binaries nor the tests reach (none, last checked)
 
 # ./... is the product module only (go.work: the end-to-end module, e2e/, is ./e2e/...).
 UNIT = ./...
 FUZZTIME ?= 30s
 
-.PHONY: test e2e fuzz lint
+.PHONY: test e2e fuzz lint deadcode
 
 test:
 	go test $(UNIT)
@@ -28,3 +29,7 @@ lint:
 	staticcheck ./... ./e2e/...
 	@command -v shellcheck >/dev/null || { echo "shellcheck: apt-get install shellcheck"; exit 1; }
 	shellcheck $$(git ls-files '*.sh') .ci/run
+
+deadcode:
+	@command -v deadcode >/dev/null || { echo "deadcode: go install golang.org/x/tools/cmd/deadcode@v0.44.0"; exit 1; }
+	@out=$$(deadcode -test ./... ./e2e/...); test -z "$$out" || { echo "$$out"; exit 1; }

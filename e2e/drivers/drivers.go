@@ -106,8 +106,6 @@ func (d *Driver) Unsupported() map[Feature]string {
 	return out
 }
 
-func (d *Driver) String() string { return d.Name }
-
 // Java client versions from Maven Central (org.apache.pulsar:pulsar-client), with what each lacks
 // (checked against its jars). 3.0.x is 3.0.7: the newest 3.0.x whose pulsar-client-api (and parent
 // POM) Maven Central serves here; 3.0.8..3.0.17 publish pulsar-client but not pulsar-client-api, so

@@ -24,11 +24,6 @@ func ChunkSends(f wire.Frame, md *pulsarpb.MessageMetadata) bool {
 	return f.Type() == pulsarpb.BaseCommand_SEND && md != nil && md.ChunkId != nil
 }
 
-// Sends matches every SEND frame.
-func Sends(f wire.Frame, _ *pulsarpb.MessageMetadata) bool {
-	return f.Type() == pulsarpb.BaseCommand_SEND
-}
-
 // Rule cuts a connection after a number of matching client-to-server frames (see the package
 // documentation for the exact sequence).
 type Rule struct {
