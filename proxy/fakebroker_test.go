@@ -63,15 +63,21 @@ func (fb *fakeBroker) accept(t *testing.T) net.Conn {
 	}
 }
 
-// logBuffer collects the proxy's log lines for assertions.
+// logBuffer collects the proxy's log lines for assertions. A log line is an event a test can
+// wait for (waitFor): every write wakes the waiters.
 type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu      sync.Mutex
+	b       bytes.Buffer
+	written chan struct{} // closed and replaced by every Write
 }
 
 func (l *logBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.written != nil {
+		close(l.written)
+		l.written = nil
+	}
 	return l.b.Write(p)
 }
 
@@ -81,17 +87,34 @@ func (l *logBuffer) String() string {
 	return l.b.String()
 }
 
-// waitFor polls the log until it contains s.
+// next returns whether the log holds s now, and a channel closed by the next write.
+func (l *logBuffer) next(s string) (bool, <-chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if strings.Contains(l.b.String(), s) {
+		return true, nil
+	}
+	if l.written == nil {
+		l.written = make(chan struct{})
+	}
+	return false, l.written
+}
+
+// waitFor waits (at most 5 s) until a log line containing s is written.
 func (l *logBuffer) waitFor(t *testing.T, s string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if strings.Contains(l.String(), s) {
+	deadline := time.After(5 * time.Second)
+	for {
+		found, written := l.next(s)
+		if found {
 			return
 		}
-		time.Sleep(10 * time.Millisecond)
+		select {
+		case <-written:
+		case <-deadline:
+			t.Fatalf("log has no %q:\n%s", s, l.String())
+		}
 	}
-	t.Fatalf("log has no %q:\n%s", s, l.String())
 }
 
 // startProxy runs a Server in front of the given brokers.
