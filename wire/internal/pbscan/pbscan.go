@@ -120,7 +120,7 @@ func skipGroup(b []byte, num uint64) (contents, end int, ok bool) {
 	for i := 0; i < len(b); {
 		tag := i
 		key, n := Uvarint(b[i:])
-		if n == 0 || key>>3 == 0 {
+		if n == 0 || key>>3 == 0 || key>>3 > maxFieldNumber {
 			return 0, 0, false
 		}
 		i += n
