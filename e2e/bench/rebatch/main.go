@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -64,6 +65,8 @@ var (
 	maxDelay  = flag.Duration("max-delay", 2*time.Millisecond, "max_delay of the coalesce and properties policies")
 	maxMsgs   = flag.Int("max-messages", 0, "max_messages of the coalesce and properties policies (0: the policy default)")
 	engineDur = flag.Duration("engine-duration", 2*time.Second, "time per policy for the in-process engine rate")
+	only      = flag.String("only", "", "run only the workloads whose name contains this (e.g. \"sync x64\")")
+	cpuprof   = flag.String("cpuprofile", "", "write the process's CPU profile (clients and the in-process proxy) to this file")
 )
 
 func main() {
@@ -77,6 +80,16 @@ func main() {
 	}
 	proxyURL, stop := startProxy(nsOf)
 	defer stop()
+	if *cpuprof != "" {
+		f, err := os.Create(*cpuprof)
+		if err != nil {
+			fail(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fail(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 
 	targets := []target{
 		{"direct", *brokerURL, nsOf("direct")},
@@ -101,6 +114,9 @@ func main() {
 	}
 	fmt.Println()
 	for _, w := range wls {
+		if !strings.Contains(w.name, *only) {
+			continue
+		}
 		res := make([]result, len(targets))
 		for i, tg := range targets {
 			res[i] = run(tg, w)
