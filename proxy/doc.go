@@ -60,8 +60,9 @@
 //     connection is closed, as Pulsar's proxy does. Learned addresses are
 //     bounded (oldest forgotten first).
 //  3. Transparency. Every frame but LOOKUP_RESPONSE is forwarded as its
-//     original bytes, in order, both ways; contiguous frames go out in one
-//     write. Exceptions are the producer path's (rebatch) and managed
+//     original bytes, in order, both ways; the frames one read delivers go
+//     out in one write, the frames the proxy makes towards the same side in
+//     their place included (gather.go). Exceptions are the producer path's (rebatch) and managed
 //     Key_Shared subscriptions' (keyshared.go: a held and rewritten SUBSCRIBE,
 //     withheld FLOW, MESSAGE dropped for a consumer being closed, the proxy's
 //     CLOSE_CONSUMER to broker and client). The proxy never sends a client a

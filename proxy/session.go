@@ -105,6 +105,7 @@ type session struct {
 	pumpOff  int
 	pumpDir  direction
 	pumpFail error
+	gather   *[]byte // frames made towards pumpDst, gathered into the pump's write (gather.go)
 
 	// Cut-through (contract 8). through[d] counts the bytes still to come
 	// from the source of direction d of a frame whose start has already
@@ -400,7 +401,7 @@ loop:
 			break
 		}
 		if err != nil {
-			ret = s.fail(fmt.Errorf("%s from %s: %w", frameDesc(buf[s.pumpOff:]), sideName(d), err))
+			ret = s.failPump(fmt.Errorf("%s from %s: %w", frameDesc(buf[s.pumpOff:]), sideName(d), err))
 			break
 		}
 		s.srv.m.countFrame(s.shard, d, f.Type(), n)
@@ -409,7 +410,7 @@ loop:
 			err = s.pumpFail
 		}
 		if err != nil {
-			ret = s.fail(err)
+			ret = s.failPump(err)
 			break
 		}
 		// Withhold the client's next frames while receipts catch up (Backlogger).
@@ -418,7 +419,7 @@ loop:
 		case actForward:
 			s.pumpOff += n
 		case actDone:
-			s.flushRun()
+			s.gatherRun()
 			s.pumpOff += n
 			s.pumpRun = s.pumpOff
 		case actStop:
@@ -432,14 +433,14 @@ loop:
 			break loop
 		}
 		if s.pumpFail != nil {
-			ret = s.fail(s.pumpFail)
+			ret = s.failPump(s.pumpFail)
 			break
 		}
 	}
 	if ret == keep {
 		s.flushRun()
 		if s.pumpFail != nil {
-			ret = s.fail(s.pumpFail)
+			ret = s.failPump(s.pumpFail)
 		}
 	}
 	if s.pumpOff > 0 { // gnet's Discard(0) discards everything
@@ -570,6 +571,13 @@ func (s *session) passThrough(src, dst side, d direction, k int) error {
 
 // flushRun writes the pending run of forwarded frames to the peer.
 func (s *session) flushRun() {
+	if s.gather != nil {
+		if err := s.writeGathered(s.pumpBuf[s.pumpRun:s.pumpOff]); err != nil {
+			s.pumpFail = err
+		}
+		s.pumpRun = s.pumpOff
+		return
+	}
 	if s.clientGone && s.pumpDir == toClient {
 		s.pumpRun = s.pumpOff // the client left: its frames go nowhere
 		return
@@ -607,18 +615,23 @@ func (s *session) ToClient(b []byte) { s.writeOut(toClient, b, true) }
 // count is set; a rewrite of a frame already counted is not) towards side d,
 // after the pending run and any frame in transit. Runs on the loop.
 func (s *session) writeOut(d direction, b []byte, count bool) {
-	s.flushRun()
 	if s.clientGone && d == toClient {
+		s.flushRun()
 		return
 	}
 	dst := s.peer(d)
 	if dst == nil {
+		s.flushRun()
 		s.pumpFail = fmt.Errorf("%w: no %s connection", ErrOutOfOrder, peerSideName(d))
 		return
 	}
 	if t, ok := frameType(b); ok && count {
 		s.srv.m.countFrame(s.shard, d, t, len(b))
 	}
+	if s.gatherOut(d, dst, b) {
+		return
+	}
+	s.flushRun()
 	if s.through[d] > 0 {
 		// A frame is being cut through towards dst: this one follows it.
 		if len(s.held[d])+len(b) > s.hardLimit {
