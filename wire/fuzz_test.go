@@ -91,17 +91,8 @@ func FuzzMetadataDecode(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{0xc0, 0x02, 0x01}) // unknown field 40
 	// Every distinct metadata real clients and the broker produced.
-	for _, stream := range goldenStreams(f) {
-		for len(stream) > 0 {
-			fr, n, err := ReadFrame(stream, 0)
-			if err != nil {
-				break
-			}
-			if fr.HasPayload() {
-				f.Add(bytes.Clone(fr.Metadata()))
-			}
-			stream = stream[n:]
-		}
+	for _, md := range goldenMetadata(f) {
+		f.Add(md)
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		var md pulsarpb.MessageMetadata
@@ -147,6 +138,24 @@ func goldenStreams(f testing.TB) [][]byte {
 		}
 		if len(b) <= 64<<10 {
 			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// goldenMetadata returns the MessageMetadata of every payload frame in the golden captures.
+func goldenMetadata(tb testing.TB) [][]byte {
+	var out [][]byte
+	for _, stream := range goldenStreams(tb) {
+		for len(stream) > 0 {
+			fr, n, err := ReadFrame(stream, 0)
+			if err != nil {
+				break
+			}
+			if fr.HasPayload() {
+				out = append(out, bytes.Clone(fr.Metadata()))
+			}
+			stream = stream[n:]
 		}
 	}
 	return out
