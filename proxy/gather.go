@@ -32,31 +32,33 @@ func (s *session) gatherOut(d direction, dst side, b []byte) bool {
 	if s.pumpBuf == nil || d != s.pumpDir || dst != s.pumpDst || s.through[d] > 0 {
 		return false
 	}
-	if s.gather == nil {
-		s.gather = gatherPool.Get().(*[]byte)
-	}
-	g := append(*s.gather, s.pumpBuf[s.pumpRun:s.pumpOff]...)
-	*s.gather = append(g, b...)
-	s.pumpRun = s.pumpOff
+	s.gatherRun()
+	s.appendGather(b)
 	return true
 }
 
-// gatherRun ends the run before a frame the pump consumes (a SEND an engine takes): the run so
-// far joins the gathered bytes when some are, or when the pump's destination is known, instead
-// of being written at once; otherwise it is flushed. Runs on the loop.
+// gatherRun ends the run so far, before a frame the pump consumes (a SEND an engine takes) or
+// one the proxy makes: the run joins the gathered bytes instead of being written at once, unless
+// it can go nowhere (no destination yet, or a client that left), where it is flushed as before.
+// Runs on the loop.
 func (s *session) gatherRun() {
-	if s.pumpOff == s.pumpRun && s.gather == nil {
-		return
-	}
 	if s.pumpDst == nil || (s.clientGone && s.pumpDir == toClient) {
 		s.flushRun()
 		return
 	}
+	s.appendGather(s.pumpBuf[s.pumpRun:s.pumpOff])
+	s.pumpRun = s.pumpOff
+}
+
+// appendGather appends b to the gathered bytes, borrowing the buffer when b is the first.
+func (s *session) appendGather(b []byte) {
+	if len(b) == 0 {
+		return
+	}
 	if s.gather == nil {
 		s.gather = gatherPool.Get().(*[]byte)
 	}
-	*s.gather = append(*s.gather, s.pumpBuf[s.pumpRun:s.pumpOff]...)
-	s.pumpRun = s.pumpOff
+	*s.gather = append(*s.gather, b...)
 }
 
 // writeGathered writes the gathered bytes, followed by run (the pending run, or nil), with one

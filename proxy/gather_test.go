@@ -54,7 +54,7 @@ func testSend(t *testing.T, seq uint64) []byte {
 // when the client's SENDs and PINGs arrive in one read, and the broker's receipts in one read,
 // then each side gets, in one write, exactly what it would have got frame by frame, in order:
 // the remade SENDs where the client's were and the PINGs between them unchanged; the remade
-// receipts.
+// receipts; and the session keeps no buffer once the reads are handled.
 func TestCoreFramesTheProxyMakesLeaveInTheReadsOneWrite(t *testing.T) {
 	l := established(t, func(c *Config) { c.ProducerPaths = func(ConnInfo) ProducerPath { return remakeSends{} } })
 	ping := wire.AppendPingFrame(nil)
@@ -84,6 +84,9 @@ func TestCoreFramesTheProxyMakesLeaveInTheReadsOneWrite(t *testing.T) {
 	}
 	if n := l.client.writes - clientWrites; n != 1 {
 		t.Errorf("the client's bytes came in %d writes, want 1", n)
+	}
+	if l.s.gather != nil {
+		t.Error("the session kept a gather buffer after its reads were handled (contract 7: idle sessions hold none)")
 	}
 }
 

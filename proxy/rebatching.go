@@ -981,11 +981,11 @@ func (r *rebatchPath) sendChunk(e *engine, f wire.Frame, s *wire.Send) (chunkded
 	switch d.Action {
 	case chunkdedup.Forward:
 		r.inflightTok[tok] = e.id
-		return 0, e.p.SendTagged(now, f, uint64(tok), &r.out)
+		return 0, e.p.SendTagged(now, f, s, uint64(tok), &r.out)
 	case chunkdedup.AnswerNow:
 		r.log.Info("duplicate chunk answered with its stored copy", "topic", e.topic, "producer", e.name,
 			"sequence_id", s.SequenceID, "chunk_id", md.GetChunkId(), "ledger", d.Ledger, "entry", d.Entry)
-		id, err := e.p.Hold(now, f, &r.out)
+		id, err := e.p.Hold(now, s, &r.out)
 		if err == nil {
 			e.p.Resolve(id, d.Ledger, d.Entry, &r.out)
 		}
@@ -993,7 +993,7 @@ func (r *rebatchPath) sendChunk(e *engine, f wire.Frame, s *wire.Send) (chunkded
 	case chunkdedup.AnswerWhenPersisted:
 		r.log.Info("duplicate chunk held until its original is stored", "topic", e.topic, "producer", e.name,
 			"sequence_id", s.SequenceID, "chunk_id", md.GetChunkId())
-		id, err := e.p.Hold(now, f, &r.out)
+		id, err := e.p.Hold(now, s, &r.out)
 		if err != nil {
 			r.chunks.t.Cancel(tok)
 			return 0, err
@@ -1001,7 +1001,7 @@ func (r *rebatchPath) sendChunk(e *engine, f wire.Frame, s *wire.Send) (chunkded
 		r.waiting[tok] = waitRef{producerID: e.id, send: id, frame: append([]byte(nil), f.Bytes()...)}
 		return tok, nil
 	default: // Reject
-		id, err := e.p.Hold(now, f, &r.out)
+		id, err := e.p.Hold(now, s, &r.out)
 		if err == nil {
 			e.p.Fail(id, pulsarpb.ServerError_PersistenceError, "duplicate chunk: too many copies waiting; resend later", &r.out)
 		}

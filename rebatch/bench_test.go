@@ -44,16 +44,7 @@ func benchCoalesce(b *testing.B, pol Policy, key func(i int) string) {
 			}
 		}
 		_ = p.Flush(&out)
-		for len(p.lanes[0].entries) > 0 {
-			e := p.lanes[0].entries[0]
-			if err := p.Receipt(wire.SendReceipt{ProducerID: pid, SequenceID: e.lo, HasMessageID: true, LedgerID: 1, EntryID: seq}, &out); err != nil {
-				b.Fatal(err)
-			}
-			seq++
-		}
-		out.Broker, out.Client = out.Broker[:0], out.Client[:0]
-		// The same sends again must not look like resends.
-		p.lanes[0].lastPushed = -1
+		ackAll(b, p, &out, &seq)
 	}
 	b.ReportMetric(float64(b.N*len(frames)*perSend)/b.Elapsed().Seconds(), "msgs/s")
 }
@@ -109,22 +100,7 @@ func unbatchedEngine(tb testing.TB, pol Policy, mk func(i int) msg) (p *Producer
 		if err := p.Flush(&out); err != nil {
 			tb.Fatal(err)
 		}
-		for _, l := range p.lanes {
-			for len(l.entries) > 0 {
-				e := l.entries[0]
-				if err := p.Receipt(wire.SendReceipt{ProducerID: l.producerID, SequenceID: e.lo, HasMessageID: true, LedgerID: 1, EntryID: entryID}, &out); err != nil {
-					tb.Fatal(err)
-				}
-				entryID++
-			}
-			// The same sends again must not look like resends.
-			l.lastPushed, l.persisted = -1, -1
-		}
-		p.ownMark = -1
-		if p.Pending() != 0 {
-			tb.Fatalf("%d sends still pending after every entry was acknowledged", p.Pending())
-		}
-		out.Broker, out.Client = out.Broker[:0], out.Client[:0]
+		ackAll(tb, p, &out, &entryID)
 	}
 }
 
@@ -149,4 +125,25 @@ func BenchmarkUnbatchedSends(b *testing.B) {
 			b.ReportMetric(float64(b.N*1000)/float64(p.stats.EntriesBuilt-built), "msgs/entry")
 		})
 	}
+}
+
+// ackAll acknowledges every entry in flight on every lane, as the broker would (entry ids from
+// *entryID on), checks that no send is left pending, clears out, and rewinds the engine's marks
+// so that the same sends again are not taken for resends.
+func ackAll(tb testing.TB, p *Producer, out *Output, entryID *uint64) {
+	for _, l := range p.lanes {
+		for len(l.entries) > 0 {
+			e := l.entries[0]
+			if err := p.Receipt(wire.SendReceipt{ProducerID: l.producerID, SequenceID: e.lo, HasMessageID: true, LedgerID: 1, EntryID: *entryID}, out); err != nil {
+				tb.Fatal(err)
+			}
+			*entryID++
+		}
+		l.lastPushed, l.persisted = -1, -1
+	}
+	p.ownMark = -1
+	if p.Pending() != 0 {
+		tb.Fatalf("%d sends still pending after every entry was acknowledged", p.Pending())
+	}
+	out.Broker, out.Client = out.Broker[:0], out.Client[:0]
 }

@@ -12,15 +12,14 @@ import (
 // answer it when the copy in flight is acknowledged. The engine keeps such sends in the
 // client's queue like any other, so their receipts leave in the client's order.
 
-// SendTagged forwards a client send unchanged, like a send that is never merged, and reports
-// its fate to Config.OnTagged with tag (non-zero).
-func (p *Producer) SendTagged(now time.Time, f wire.Frame, tag uint64, out *Output) error {
-	s, err := p.parseAdmit(f)
-	if err != nil {
+// SendTagged forwards a client send f, whose CommandSend the caller parsed into s, unchanged,
+// like a send that is never merged, and reports its fate to Config.OnTagged with tag (non-zero).
+func (p *Producer) SendTagged(now time.Time, f wire.Frame, s *wire.Send, tag uint64, out *Output) error {
+	if err := p.admit(s); err != nil {
 		return err
 	}
 	p.stats.ClientSends++
-	if err := p.verbatim(now, f, &s, out); err != nil {
+	if err := p.verbatim(now, f, s, out); err != nil {
 		return err
 	}
 	l := p.lanes[0]
@@ -28,11 +27,10 @@ func (p *Producer) SendTagged(now time.Time, f wire.Frame, tag uint64, out *Outp
 	return nil
 }
 
-// Hold queues a client send that is not forwarded; Resolve, Fail or Promote settles it later.
-// It returns the send's handle.
-func (p *Producer) Hold(now time.Time, f wire.Frame, out *Output) (uint64, error) {
-	s, err := p.parseAdmit(f)
-	if err != nil {
+// Hold queues a client send (its parsed CommandSend) that is not forwarded; Resolve, Fail or
+// Promote settles it later. It returns the send's handle.
+func (p *Producer) Hold(now time.Time, s *wire.Send, out *Output) (uint64, error) {
+	if err := p.admit(s); err != nil {
 		return 0, err
 	}
 	if err := p.flushAll(out); err != nil {
@@ -42,15 +40,6 @@ func (p *Producer) Hold(now time.Time, f wire.Frame, out *Output) (uint64, error
 	id := p.sendBase + uint64(p.Pending())
 	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID, parts: 1})
 	return id, nil
-}
-
-// parseAdmit parses a SEND and admits it (chunks and held sends are rare: parsed here again).
-func (p *Producer) parseAdmit(f wire.Frame) (wire.Send, error) {
-	s, err := wire.ParseSend(f)
-	if err != nil {
-		return s, err
-	}
-	return s, p.admit(&s)
 }
 
 func (p *Producer) held(id uint64) *clientSend {

@@ -38,7 +38,7 @@ type Property struct{ Key, Value []byte }
 // AppendEntryMetadata appends the encoding of m, fields in field-number order as the protobuf
 // runtime writes them deterministically. It does not allocate when dst has room.
 func AppendEntryMetadata(dst []byte, m *EntryMetadata) []byte {
-	dst = appendStringField(dst, mdProducerName, m.ProducerName)
+	dst = appendBytesField(dst, mdProducerName, m.ProducerName)
 	dst = appendVarintField(dst, mdSequenceID, m.SequenceID)
 	if m.HasPublishTime {
 		dst = appendVarintField(dst, mdPublishTime, m.PublishTime)

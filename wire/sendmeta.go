@@ -232,13 +232,9 @@ func appendBoolField(dst []byte, num uint64, v bool) []byte {
 	return appendVarintField(dst, num, b)
 }
 
-func appendBytesField(dst []byte, num uint64, v []byte) []byte {
-	dst = binary.AppendUvarint(dst, num<<3|pbscan.Bytes)
-	dst = binary.AppendUvarint(dst, uint64(len(v)))
-	return append(dst, v...)
-}
-
-func appendStringField(dst []byte, num uint64, v string) []byte {
+// appendBytesField appends a length-delimited field: a bytes or string value, or an encoded
+// message.
+func appendBytesField[T ~[]byte | ~string](dst []byte, num uint64, v T) []byte {
 	dst = binary.AppendUvarint(dst, num<<3|pbscan.Bytes)
 	dst = binary.AppendUvarint(dst, uint64(len(v)))
 	return append(dst, v...)
