@@ -70,6 +70,33 @@
 // forwarded and may be stored twice (a last chunk is still caught by broker
 // de-duplication when that is on).
 //
+// # Recovery: what another instance stored
+//
+// The record lives in one proxy process. When that process dies (kill -9, a
+// crash, a node lost), or the client's reconnect lands on another instance
+// behind the same address, the client resends every chunk still waiting for
+// a receipt to an instance that knows nothing of them, and some of them are
+// stored already. So when a producer that may be resuming (it reconnected)
+// sends its first chunk on a connection, the caller looks at what the topic
+// stores before it forwards anything more of that producer: it reads the
+// topic's newest entries back through the broker, newest first, down to the
+// producer's first entry with a sequence id below the resent chunk's (what
+// the producer sent before the resumed message), and gives the chunks of that
+// producer it found to Learn. They are recorded as persisted, with their
+// positions and fingerprints, and the resent copies are then offered as
+// usual: rule 1 answers the copies of stored chunks, rule 3 forwards a chunk
+// whose stored namesake has other bytes. Known reports whether a record
+// exists.
+//
+// Cost: one look per reconnect of a chunking producer (not per chunk, not for
+// producers that never chunk); the look reads the resumed messages' stored
+// chunks plus whatever other producers interleaved, bounded by the caller
+// (entries and time). Meanwhile the producer's sends wait. The fingerprint
+// must be computable from what a stored entry still carries when read back
+// (the proxy uses the payload, publish time and uuid). A look that fails or
+// hits its bound learns less, so more is forwarded: duplicates at worst, as
+// without the proxy; a chunk is never answered without a stored copy.
+//
 // # Bounds
 //
 // Keys are evicted least recently used first beyond MaxProducers, and after

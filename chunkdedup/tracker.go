@@ -136,6 +136,7 @@ type Stats struct {
 	EvictedLRU      uint64 // producers dropped to make room
 	EvictedTTL      uint64 // producers dropped after TTL idle
 	MessagesDropped uint64 // message records dropped from a producer's window
+	Learned         uint64 // stored chunks recorded by Learn
 
 	Producers     int // producers tracked now
 	TrackedChunks int // chunk slots allocated now
@@ -560,4 +561,76 @@ func (t *Tracker) newMessage(p *producer, c Chunk) *message {
 	p.msgs = append(p.msgs, m)
 	t.nChunks += c.NumChunks
 	return m
+}
+
+// Stored is a chunk the topic already holds, read back from the broker by a
+// proxy instance that has no record of its producer (see "Recovery" in the
+// package doc). Its Fingerprint must be computed the way the caller computes
+// Chunk.Fingerprint, from values the stored entry still carries.
+type Stored struct {
+	SequenceID    uint64
+	ChunkID       int
+	NumChunks     int
+	Fingerprint   uint64
+	Ledger, Entry uint64
+}
+
+// Known reports whether the tracker holds a record of the producer: a
+// caller that may have to recover what another instance stored asks this
+// before offering the producer's first chunk. Any goroutine may call it.
+func (t *Tracker) Known(topic, producerName string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.producers[producerKey{topic, producerName}]
+	return ok
+}
+
+// Learn records chunks the topic already stores for the producer, as if
+// their receipts had arrived here, so that the copies a resuming client
+// resends are answered with the stored positions (RulePersisted) instead of
+// being stored twice. It creates the producer's record even when stored is
+// empty: what the topic holds has been looked at. A chunk whose slot is
+// already known (in flight or persisted here), whose message is remembered
+// with another chunk count, or that does not fit within the bounds is
+// skipped; Learn returns how many it recorded. Give stored oldest first.
+// Any goroutine may call it.
+func (t *Tracker) Learn(topic, producerName string, stored []Stored) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.cfg.Now()
+	t.expire(now)
+	key := producerKey{topic, producerName}
+	p := t.producers[key]
+	if p == nil {
+		if !t.admitProducer() {
+			return 0
+		}
+		p = &producer{key: key}
+		t.producers[key] = p
+		p.elem = t.lru.PushFront(p)
+	}
+	t.touch(p, now)
+	n := 0
+	for _, s := range stored {
+		if s.NumChunks < 2 || s.ChunkID < 0 || s.ChunkID >= s.NumChunks ||
+			(s.Ledger == UnknownPosition && s.Entry == UnknownPosition) {
+			continue
+		}
+		m := p.find(s.SequenceID)
+		if m == nil {
+			if m = t.newMessage(p, Chunk{SequenceID: s.SequenceID, NumChunks: s.NumChunks}); m == nil {
+				continue
+			}
+		}
+		if m.numChunks != s.NumChunks || m.chunks[s.ChunkID].state != unseen {
+			continue
+		}
+		m.chunks[s.ChunkID] = chunkSlot{state: persisted, fingerprint: s.Fingerprint, ledger: s.Ledger, entry: s.Entry}
+		if pos := (Position{s.SequenceID, s.ChunkID}); !p.marks.HasPersisted || p.marks.Persisted.less(pos) {
+			p.marks.Persisted, p.marks.HasPersisted = pos, true
+		}
+		t.stats.Learned++
+		n++
+	}
+	return n
 }

@@ -23,6 +23,11 @@ import (
 // so whichever a client names, the proxy dials that address with TLS; an
 // answer without a TLS URL keeps its plaintext one, and dialling it fails.
 
+// BrokerTLSConfig is the client TLS configuration the proxy uses towards brokers (trusted
+// CAs, client certificate, hostname check), for other clients of the brokers' services such
+// as the admin API reader. Any goroutine may call it.
+func BrokerTLSConfig(cfg *Config) (*tls.Config, error) { return loadBrokerTLS(cfg) }
+
 // loadBrokerTLS builds the client TLS configuration for brokers.
 func loadBrokerTLS(cfg *Config) (*tls.Config, error) {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"log/slog"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,7 +31,14 @@ type ChunkDedup struct {
 	mu   sync.Mutex
 	mail map[chunkdedup.Token]chunkEvent
 
-	decisions *prometheus.CounterVec
+	// The look at what another instance stored (chunk_recovery.go); reader nil: off.
+	reader     StoredReader
+	log        *slog.Logger
+	recovering map[producerKey]*recovery // guarded by mu
+
+	decisions       *prometheus.CounterVec
+	recoveries      *prometheus.CounterVec
+	recoveryEntries prometheus.Counter
 }
 
 // chunkEvent is the outcome of a held duplicate, for the connection holding it.
@@ -41,18 +49,23 @@ type chunkEvent struct {
 
 // NewChunkDedup returns the shared state with the given tracker bounds.
 func NewChunkDedup(cfg chunkdedup.Config) *ChunkDedup {
+	recoveries, entries := newRecoveryMetrics()
 	return &ChunkDedup{
-		t:    chunkdedup.New(cfg),
-		mail: map[chunkdedup.Token]chunkEvent{},
+		t:          chunkdedup.New(cfg),
+		mail:       map[chunkdedup.Token]chunkEvent{},
+		log:        slog.Default(),
+		recovering: map[producerKey]*recovery{},
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rebatchproxy_chunk_decisions_total",
 			Help: "Chunks offered to duplicate-chunk removal, by the rule that decided (persisted and in_flight are duplicates dropped)."},
 			[]string{"rule"}),
+		recoveries:      recoveries,
+		recoveryEntries: entries,
 	}
 }
 
 // Collectors returns the metrics for registration.
 func (c *ChunkDedup) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{c.decisions}
+	return []prometheus.Collector{c.decisions, c.recoveries, c.recoveryEntries}
 }
 
 // Stats returns the tracker's counters.

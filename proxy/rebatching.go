@@ -248,6 +248,10 @@ const maxQueuedBytes = 16 << 20
 // prodInfo is what the path knows of any producer on the connection.
 type prodInfo struct {
 	topic, name string
+	// resuming: the producer may be resuming sends made through another connection, here or
+	// on another instance (mayBeResuming); its chunks may need a look at the topic.
+	resuming bool
+	looked   bool // a look at the topic was made for the producer's chunks on this connection
 	// inflight counts sends forwarded untracked (no engine) whose receipt is still due; an
 	// engine created later for the producer adopts them.
 	inflight int
@@ -289,7 +293,7 @@ func (r *rebatchPath) FromClient(f wire.Frame, out Outputs) (Verdict, error) {
 			r.drop(c.GetProducerId(), e)
 		}
 		delete(r.closedByProxy, c.GetProducerId())
-		r.known[c.GetProducerId()] = &prodInfo{topic: c.GetTopic(), name: c.GetProducerName()}
+		r.known[c.GetProducerId()] = &prodInfo{topic: c.GetTopic(), name: c.GetProducerName(), resuming: mayBeResuming(c)}
 		r.requests[c.GetRequestId()] = c.GetProducerId()
 		pol := r.policies.Lookup(c.GetTopic())
 		if pol.Kind == rebatch.Buckets && c.GetProducerAccessMode() != pulsarpb.ProducerAccessMode_Shared {
@@ -803,7 +807,7 @@ func (r *rebatchPath) drop(id uint64, e *engine) {
 			continue
 		}
 		delete(r.waiting, tok)
-		if r.chunks.t.Cancel(tok) {
+		if r.chunks.cancel(tok) {
 			continue
 		}
 		// Not a waiter any more: its outcome was decided (posted to the mailbox, or about to
@@ -973,10 +977,23 @@ func (r *rebatchPath) sendChunk(e *engine, f wire.Frame, s *wire.Send) (chunkded
 	if !f.HasPayload() || wire.DecodeMetadata(f.Metadata(), &md) != nil || md.ChunkId == nil || md.GetNumChunksFromMsg() < 2 {
 		return 0, e.p.SendParsed(now, f, s, &r.out) // not a chunk the tracker can key
 	}
-	fp := uint64(wire.CRC32C(f.ChecksummedBytes()))
+	fp := ChunkFingerprint(f.Payload(), md.GetPublishTime(), md.GetUuid())
 	tok := r.newToken()
-	d := r.chunks.t.Offer(chunkdedup.Chunk{Topic: e.topic, Producer: e.name, SequenceID: s.SequenceID,
-		ChunkID: int(md.GetChunkId()), NumChunks: int(md.GetNumChunksFromMsg()), Fingerprint: fp, Token: tok})
+	ch := chunkdedup.Chunk{Topic: e.topic, Producer: e.name, SequenceID: s.SequenceID,
+		ChunkID: int(md.GetChunkId()), NumChunks: int(md.GetNumChunksFromMsg()), Fingerprint: fp, Token: tok}
+	if info := r.known[e.id]; info != nil && info.resuming && !info.looked && r.chunks.canLook(e.topic) {
+		// The producer's first chunk on this connection after a reconnect: held like a
+		// duplicate waiting for its original until the look at the topic decides.
+		info.looked = true
+		id, err := e.p.Hold(now, s, &r.out)
+		if err != nil {
+			return 0, err
+		}
+		r.chunks.recover(ch)
+		r.waiting[tok] = waitRef{producerID: e.id, send: id, frame: append([]byte(nil), f.Bytes()...)}
+		return tok, nil
+	}
+	d := r.chunks.t.Offer(ch)
 	r.chunks.decisions.WithLabelValues(d.Rule.String()).Inc()
 	switch d.Action {
 	case chunkdedup.Forward:

@@ -28,35 +28,39 @@ type options struct {
 	webListen      string
 	webTLSListen   string
 	webTimeout     time.Duration
-	handoffTimeout time.Duration
-	ksAwayTimeout  time.Duration
-	brokerTrust    string
-	brokerCert     string
-	brokerKey      string
-	brokerNoVerify bool
-	brokerAuth     string
-	connectTimeout time.Duration
-	handshake      time.Duration
-	idle           time.Duration
-	drain          time.Duration
-	maxMessageSize byteSize
-	softLimit      byteSize
-	hardLimit      byteSize
-	memoryBudget   byteSize
-	maxLookups     int
-	maxConnLookups int
-	maxRedirects   int
-	lookupTimeout  time.Duration
-	eventLoops     int
-	readBuffer     byteSize
-	tlsListen      string
-	tlsCert        string
-	tlsKey         string
-	tlsClientCA    string
-	metricsListen  string
-	logLevel       string
-	logFormat      string
-	pprof          bool
+	// chunkLookEntries bounds the entries read back per look at a topic for a resuming
+	// chunking producer (0: no look); chunkLookToken is the admin API token file for it.
+	chunkLookEntries int
+	chunkLookToken   string
+	handoffTimeout   time.Duration
+	ksAwayTimeout    time.Duration
+	brokerTrust      string
+	brokerCert       string
+	brokerKey        string
+	brokerNoVerify   bool
+	brokerAuth       string
+	connectTimeout   time.Duration
+	handshake        time.Duration
+	idle             time.Duration
+	drain            time.Duration
+	maxMessageSize   byteSize
+	softLimit        byteSize
+	hardLimit        byteSize
+	memoryBudget     byteSize
+	maxLookups       int
+	maxConnLookups   int
+	maxRedirects     int
+	lookupTimeout    time.Duration
+	eventLoops       int
+	readBuffer       byteSize
+	tlsListen        string
+	tlsCert          string
+	tlsKey           string
+	tlsClientCA      string
+	metricsListen    string
+	logLevel         string
+	logFormat        string
+	pprof            bool
 	// policies is the per-topic policy table from the config file (nil: all
 	// passthrough).
 	policies *route.Matcher[rebatch.Policy]
@@ -91,6 +95,8 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.webTLSListen, "web-tls-listen", "", "`host:port` of the web port over HTTPS (with --tls-cert, --tls-key, --tls-client-ca)")
 	fs.Var(&o.brokerWebURLs, "broker-web-url", "web service URL of the brokers, http://host:8080 (required with a web port; repeat or comma-separate; requests go to them round robin)")
 	fs.DurationVar(&o.webTimeout, "web-timeout", d.WebTimeout, "time allowed for one web request, broker redirects included")
+	fs.IntVar(&o.chunkLookEntries, "chunk-recovery-entries", 1000, "duplicate-chunk removal across proxy instances and restarts: when a producer that reconnected sends chunks, read up to this many of the topic's newest entries through --broker-web-url (admin API examinemessage) to learn which chunks are already stored before forwarding (0: do not look; without --broker-web-url there is no look)")
+	fs.StringVar(&o.chunkLookToken, "chunk-recovery-token-file", "", "`file` holding the token (JWT) the proxy sends to the admin API for those reads, for a role allowed to peek at the topics' messages (empty: none)")
 	fs.DurationVar(&o.handoffTimeout, "key-shared-handoff-timeout", d.HandoffTimeout, "managed Key_Shared subscriptions (buckets policy, manage_key_shared): how long a consumer giving up buckets in a rebalance may take to acknowledge what it was sent before the proxy closes it anyway (the broker then redelivers the rest to the buckets' next owner)")
 	fs.DurationVar(&o.ksAwayTimeout, "key-shared-away-timeout", d.KeySharedAwayTimeout, "managed Key_Shared subscriptions: how long a consumer released in a rebalance keeps its place while its client resubscribes, before the subscription is rebalanced without it")
 	fs.StringVar(&o.brokerTrust, "broker-tls-trust-certs", "", "PEM CA certificates `file` trusted for pulsar+ssl:// brokers (empty: the system's)")
@@ -313,4 +319,34 @@ func (o *options) proxyConfig() (proxy.Config, error) {
 	c.HandoffTimeout, c.KeySharedAwayTimeout = o.handoffTimeout, o.ksAwayTimeout
 	c.MaxLookupRedirects, c.LookupTimeout, c.MaxConnectionLookups = o.maxRedirects, o.lookupTimeout, o.maxConnLookups
 	return c, c.Validate()
+}
+
+// storedReader is the reader of the look at a topic for resuming chunking producers, or nil
+// when there is none (no --broker-web-url, or chunk-recovery-entries 0).
+func (o *options) storedReader(c proxy.Config) (*proxy.AdminStoredReader, error) {
+	if len(o.brokerWebURLs) == 0 || o.chunkLookEntries <= 0 {
+		if o.chunkLookToken != "" {
+			return nil, errors.New("chunk-recovery-token-file: needs broker-web-url and chunk-recovery-entries > 0")
+		}
+		return nil, nil
+	}
+	r := &proxy.AdminStoredReader{WebURLs: o.brokerWebURLs, MaxEntries: o.chunkLookEntries,
+		MaxPayload: int64(c.MaxMessageSize) + 64<<10}
+	if o.chunkLookToken != "" {
+		b, err := os.ReadFile(o.chunkLookToken)
+		if err != nil {
+			return nil, fmt.Errorf("chunk-recovery-token-file: %w", err)
+		}
+		if r.Token = strings.TrimSpace(string(b)); r.Token == "" {
+			return nil, fmt.Errorf("chunk-recovery-token-file: %s is empty", o.chunkLookToken)
+		}
+	}
+	if o.brokerTrust != "" || o.brokerCert != "" {
+		tc, err := proxy.BrokerTLSConfig(&c)
+		if err != nil {
+			return nil, err
+		}
+		r.TLS = tc
+	}
+	return r, nil
 }

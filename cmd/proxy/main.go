@@ -60,6 +60,12 @@ func run(args []string) int {
 	policies := proxy.NewPolicies(o.policies)
 	rm := proxy.NewRebatchMetrics()
 	chunks := proxy.NewChunkDedup(chunkdedup.Config{})
+	if reader, err := o.storedReader(cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "proxy: config:", err)
+		return 2
+	} else if reader != nil {
+		chunks.EnableRecovery(reader, log)
+	}
 	cfg.ProducerPaths = proxy.RebatchPaths(policies, rm, chunks, log)
 	cfg.ManagedKeyShared = policies.ManagedKeyShared
 	srv, err := proxy.New(cfg)
