@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 die() { echo "test.sh: $*" >&2; exit 2; }
-for tool in go java mvn python3 curl; do
+for tool in go java mvn python3 curl haproxy; do
   command -v "$tool" >/dev/null 2>&1 || die "missing prerequisite: '$tool' is not on PATH"
 done
 

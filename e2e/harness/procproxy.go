@@ -79,11 +79,18 @@ func FreeAddr(t *testing.T) string {
 // cleanup kills it and, if the test failed, logs the end of its log.
 func StartProcessProxy(t *testing.T, b *Broker, moreYAML string) *ProcessProxy {
 	t.Helper()
+	return StartProcessProxyFor(t, b.ServiceURL, moreYAML)
+}
+
+// StartProcessProxyFor is StartProcessProxy in front of brokerURLs (the proxy's broker-url:
+// one service URL, or several brokers comma-separated).
+func StartProcessProxyFor(t *testing.T, brokerURLs, moreYAML string) *ProcessProxy {
+	t.Helper()
 	dir := t.TempDir()
 	p := &ProcessProxy{t: t, bin: ProxyBinary(t), listen: FreeAddr(t), metrics: FreeAddr(t),
 		config: filepath.Join(dir, "proxy.yaml"), LogPath: filepath.Join(dir, "proxy.log")}
 	cfg := fmt.Sprintf("listen: %s\nbroker-url: %s\nmetrics-listen: %s\nlog-level: info\n%s",
-		p.listen, b.ServiceURL, p.metrics, moreYAML)
+		p.listen, brokerURLs, p.metrics, moreYAML)
 	if err := os.WriteFile(p.config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
