@@ -24,9 +24,11 @@ type Chunk struct {
 	ChunkID    int // MessageMetadata.chunk_id, 0 .. NumChunks-1
 	NumChunks  int // MessageMetadata.num_chunks_from_msg, >= 2
 	// Fingerprint identifies the chunk's bytes, for instance CRC32C over the
-	// metadata and payload as sent. A client resends the very same bytes, so
-	// an equal (sequence id, chunk id) with a different fingerprint is a
-	// different message: a producer restarted and reused the sequence id.
+	// payload and the message's publish time, as sent. A client resends the
+	// very same bytes, so an equal (sequence id, chunk id) with a different
+	// fingerprint is a different message: a producer restarted and reused the
+	// sequence id. Compute it from values a stored entry still carries when
+	// read back, so that Learn's Stored chunks compare with offered ones.
 	Fingerprint uint64
 	Token       Token
 }

@@ -357,7 +357,9 @@ func countChunks(entries []harness.StoredEntry) (dups, incomplete, messages int)
 	return dups, incomplete, len(seen)
 }
 
-func hostPort(u string) string { return strings.TrimPrefix(strings.TrimPrefix(u, "http://"), "https://") }
+func hostPort(u string) string {
+	return strings.TrimPrefix(strings.TrimPrefix(u, "http://"), "https://")
+}
 
 // ownerOf returns the broker (web host:port) that owns topic, from an HTTP lookup.
 func ownerOf(t *testing.T, ctx context.Context, topic string) string {

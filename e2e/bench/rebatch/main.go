@@ -55,6 +55,7 @@ type target struct {
 type result struct {
 	msgs, entries float64 // per second
 	sent          int64
+	brokerUS      float64 // broker CPU microseconds per acknowledged message; -1 unknown
 }
 
 var (
@@ -67,6 +68,8 @@ var (
 	engineDur = flag.Duration("engine-duration", 2*time.Second, "time per policy for the in-process engine rate")
 	only      = flag.String("only", "", "run only the workloads whose name contains this (e.g. \"sync x64\")")
 	cpuprof   = flag.String("cpuprofile", "", "write the process's CPU profile (clients and the in-process proxy) to this file")
+	brokerPID = flag.Int("broker-pid", 0, "pid of the broker's JVM, for its CPU per message (from /proc/PID/stat); 0: read -broker-pid-file")
+	pidFile   = flag.String("broker-pid-file", "", "file holding the broker's pid (pulsar.sh keeps it in .pulsar/run/INSTANCE/pulsar.pid); empty: no broker CPU")
 )
 
 func main() {
@@ -113,20 +116,51 @@ func main() {
 		fmt.Printf(" | %-37s", tg.name+" msg/s (x) entr/s (x) msg/entry")
 	}
 	fmt.Println()
+	if *brokerPID == 0 && *pidFile != "" {
+		b, err := os.ReadFile(*pidFile)
+		if err != nil {
+			fail(fmt.Errorf("broker-pid-file: %w", err))
+		}
+		if _, err := fmt.Sscan(string(b), brokerPID); err != nil {
+			fail(fmt.Errorf("broker-pid-file %s: %w", *pidFile, err))
+		}
+	}
+	var ran []workload
+	var cpu [][]float64
 	for _, w := range wls {
 		if !strings.Contains(w.name, *only) {
 			continue
 		}
 		res := make([]result, len(targets))
+		row := make([]float64, len(targets))
 		for i, tg := range targets {
 			res[i] = run(tg, w)
+			row[i] = res[i].brokerUS
 		}
+		ran, cpu = append(ran, w), append(cpu, row)
 		d := res[0]
 		fmt.Printf("%-9s | %8.0f %8.0f   ", w.name, d.msgs, d.entries)
 		for _, r := range res[1:] {
 			fmt.Printf(" | %8.0f (%5.2fx) %7.0f (%5.2fx) %6.1f  ", r.msgs, r.msgs/d.msgs, r.entries, r.entries/d.entries, r.msgs/r.entries)
 		}
 		fmt.Println()
+	}
+
+	if brokerCPUKnown() {
+		fmt.Printf("\nbroker CPU per acknowledged message (us, from /proc/%d/stat over each cell; direct's over the target's = how many times less the broker works per message):\n", *brokerPID)
+		fmt.Printf("%-9s | %-8s", "workload", "direct")
+		for _, tg := range targets[1:] {
+			fmt.Printf(" | %-20s", tg.name)
+		}
+		fmt.Println()
+		for i, w := range ran {
+			d := cpu[i][0]
+			fmt.Printf("%-9s | %8.1f", w.name, d)
+			for _, r := range cpu[i][1:] {
+				fmt.Printf(" | %8.1f (%5.2fx)   ", r, d/r)
+			}
+			fmt.Println()
+		}
 	}
 
 	fmt.Printf("\nengine in process (one goroutine, unbatched %d-byte sends, split/merge/receipts):\n", *size)
@@ -223,6 +257,7 @@ func run(tg target, w workload) result {
 		prods[i] = p
 	}
 	before := entries(topic)
+	cpuBefore := brokerCPU()
 	var acked, failed atomic.Int64
 	var wg sync.WaitGroup
 	ctx := context.Background()
@@ -257,11 +292,41 @@ func run(tg target, w workload) result {
 	}
 	wg.Wait()
 	el := time.Since(start).Seconds()
+	cpuUsed := brokerCPU() - cpuBefore
 	if failed.Load() > 0 {
 		fail(fmt.Errorf("%s %s: %d sends failed", tg.name, w.name, failed.Load()))
 	}
 	n := entries(topic) - before
-	return result{msgs: float64(acked.Load()) / el, entries: float64(n) / el, sent: acked.Load()}
+	r := result{msgs: float64(acked.Load()) / el, entries: float64(n) / el, sent: acked.Load(), brokerUS: -1}
+	if brokerCPUKnown() && acked.Load() > 0 {
+		r.brokerUS = cpuUsed.Seconds() * 1e6 / float64(acked.Load())
+	}
+	return r
+}
+
+func brokerCPUKnown() bool { return *brokerPID > 0 }
+
+// brokerCPU is the broker process's user plus system CPU time so far (0 when unknown).
+func brokerCPU() time.Duration {
+	if !brokerCPUKnown() {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", *brokerPID))
+	if err != nil {
+		fail(fmt.Errorf("broker CPU: %w", err))
+	}
+	// Fields after the command name (which may hold spaces, inside parentheses): state is
+	// field 3, utime 14 and stime 15, in clock ticks (USER_HZ, 100 on Linux).
+	rest := string(b[strings.LastIndexByte(string(b), ')')+2:])
+	f := strings.Fields(rest)
+	var ut, st int64
+	if _, err := fmt.Sscan(f[11], &ut); err != nil {
+		fail(fmt.Errorf("broker CPU: utime: %w", err))
+	}
+	if _, err := fmt.Sscan(f[12], &st); err != nil {
+		fail(fmt.Errorf("broker CPU: stime: %w", err))
+	}
+	return time.Duration(ut+st) * 10 * time.Millisecond
 }
 
 // entries returns the number of entries the broker has written for topic.
