@@ -109,8 +109,9 @@
 //
 // # Invariants (checked by FuzzTracker)
 //
-//   - A duplicate is answered only with a position a receipt reported for an
-//     identical copy (same key, sequence id, chunk id and bytes).
+//   - A duplicate is answered only with a position a receipt reported, or
+//     Learn was told of, for an identical copy (same key, sequence id, chunk
+//     id and bytes).
 //   - While a chunk is remembered, an identical copy is not forwarded again.
 //   - Every held duplicate gets exactly one outcome: an answer, a promotion,
 //     or a Cancel.

@@ -38,6 +38,18 @@ type fuzzModel struct {
 	// (not failed): while remembered, it must never exceed 1.
 	live map[copyID]int
 	gen  map[string]int
+	// learned[c] holds the positions Learn was told the topic stores copy c at.
+	learned map[copyID]map[[2]uint64]bool
+}
+
+// learn tells the tracker the topic stores copy c at 2:entry, as a look at the topic would.
+func (m *fuzzModel) learn(producer string, seq uint64, chunk int, entry uint64) {
+	c := copyID{producer, seq, chunk, fp(seq, chunk, m.gen[producer])}
+	if m.learned[c] == nil {
+		m.learned[c] = map[[2]uint64]bool{}
+	}
+	m.learned[c][[2]uint64{2, entry}] = true
+	m.tr.Learn("t", producer, []Stored{{SequenceID: seq, ChunkID: chunk, NumChunks: 3, Fingerprint: c.fp, Ledger: 2, Entry: entry}})
 }
 
 func (m *fuzzModel) offer(producer string, seq uint64, chunk int) {
@@ -71,6 +83,9 @@ func (m *fuzzModel) offer(producer string, seq uint64, chunk int) {
 		m.inFlight[tok] = true
 	case AnswerNow:
 		pos, ok := m.stored[c]
+		if m.learned[c][[2]uint64{d.Ledger, d.Entry}] {
+			break // a stored copy a look at the topic found
+		}
 		if !ok || pos != [2]uint64{d.Ledger, d.Entry} {
 			m.t.Fatalf("copy %+v answered %d:%d; receipts reported %v (known %v)", c, d.Ledger, d.Entry, pos, ok)
 		}
@@ -152,6 +167,7 @@ func FuzzTracker(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 0, 1, 0, 0, 0, 0}, false)
 	f.Add([]byte{0, 1, 2, 0, 0, 2, 0, 1, 2, 3, 0, 4, 0, 1, 2, 5, 0}, true)
 	f.Add([]byte{0, 0, 1, 0, 0, 1, 2, 0, 1, 0, 1, 0, 0}, false)
+	f.Add([]byte{6, 0, 0, 0, 0, 0, 6, 3, 1, 0, 3, 1, 5, 0, 1, 0, 0, 0}, false)
 	f.Fuzz(func(t *testing.T, ops []byte, bounded bool) {
 		// The model's checks are quadratic; long inputs add little.
 		ops = ops[:min(len(ops), 3000)]
@@ -165,10 +181,11 @@ func FuzzTracker(f *testing.F) {
 		cfg.Now = clk.now
 		m := &fuzzModel{t: t, tr: New(cfg), bounded: bounded,
 			sent: map[Token]copyID{}, inFlight: map[Token]bool{}, waiting: map[Token]Token{},
-			stored: map[copyID][2]uint64{}, live: map[copyID]int{}, gen: map[string]int{}}
+			stored: map[copyID][2]uint64{}, live: map[copyID]int{}, gen: map[string]int{},
+			learned: map[copyID]map[[2]uint64]bool{}}
 		producers := []string{"a", "b", "c"}
 		for i := 0; i+2 < len(ops); i += 3 {
-			op, x, y := ops[i]%6, ops[i+1], ops[i+2]
+			op, x, y := ops[i]%7, ops[i+1], ops[i+2]
 			switch op {
 			case 0, 1: // a send (the most common event)
 				m.offer(producers[x%3], uint64(x/3%4), int(y%3))
@@ -203,6 +220,8 @@ func FuzzTracker(f *testing.F) {
 				} else {
 					m.gen[producers[x%3]]++ // restart: same ids, new bytes
 				}
+			case 6: // a look at the topic found a stored copy
+				m.learn(producers[x%3], uint64(x/3%4), int(y%3), uint64(i))
 			}
 			m.checkBounds(cfg)
 		}
