@@ -905,7 +905,7 @@ func (d *Driver) run(ctx context.Context, args []string, onLine func(kind string
 	}
 	if ctx.Err() != nil {
 		return lines, run, &RunError{Driver: d.Name, Op: args[0], ExitCode: run.ExitCode,
-			Detail: fmt.Sprintf("killed after %v: %v", run.Elapsed.Round(time.Millisecond), ctx.Err()),
+			Detail: fmt.Sprintf("killed after %v: %v (it had printed: %s)", run.Elapsed.Round(time.Millisecond), ctx.Err(), linesSeen(lines)),
 			Stderr: run.Stderr}
 	}
 	var exitErr *exec.ExitError
@@ -913,4 +913,25 @@ func (d *Driver) run(ctx context.Context, args []string, onLine func(kind string
 		return lines, run, fmt.Errorf("drivers: %s: %w", d.Name, waitErr)
 	}
 	return lines, run, nil
+}
+
+// linesSeen says how many lines of each kind a driver printed, in the order the kinds first
+// came: where a killed driver was stuck (no "ready": in subscribe; "msg" lines: in receive).
+func linesSeen(lines []line) string {
+	var kinds []string
+	n := map[string]int{}
+	for _, l := range lines {
+		if n[l.kind] == 0 {
+			kinds = append(kinds, l.kind)
+		}
+		n[l.kind]++
+	}
+	if len(kinds) == 0 {
+		return "nothing"
+	}
+	parts := make([]string, len(kinds))
+	for i, k := range kinds {
+		parts[i] = fmt.Sprintf("%d %s", n[k], k)
+	}
+	return strings.Join(parts, ", ")
 }

@@ -667,7 +667,9 @@ public final class PulsarDriver {
 
         int received = 0, acked = 0, nacked = 0, redelivered = 0;
         boolean timedOut = false;
-        long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(timeoutMs);
+        // --timeout-ms bounds the whole consume, subscribe included, so a slow subscribe ends in
+        // a summary saying what arrived, not in the caller killing the process.
+        long deadline = start + TimeUnit.MILLISECONDS.toNanos(timeoutMs);
         while (count == 0 || acked < count) {
             long left = TimeUnit.NANOSECONDS.toMillis(deadline - System.nanoTime());
             if (left <= 0) {
@@ -732,16 +734,24 @@ public final class PulsarDriver {
         summary.put("redelivered", redelivered);
         summary.put("timed_out", timedOut);
         summary.put("elapsed_ms", TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - start));
-        try {
-            consumer.close();
-        } finally {
-            client.close();
-        }
+        // The result first: a close that hangs (a client's known failure under load) must not
+        // cost the run its result. The close flushes the grouped acks before the exit.
         emit(summary);
+        closeBounded(consumer.closeAsync(), "consumer");
+        closeBounded(client.closeAsync(), "client");
         if (count > 0 && acked < count) {
             return EXIT_FAILED;
         }
         return summary.containsKey("error") ? EXIT_FAILED : EXIT_OK;
+    }
+
+    /** Waits up to 10 s for a close; a close that fails or hangs is reported on stderr. */
+    static void closeBounded(CompletableFuture<Void> close, String what) {
+        try {
+            close.get(10, TimeUnit.SECONDS);
+        } catch (Exception e) {
+            System.err.println("close " + what + ": " + rootMessage(e));
+        }
     }
 
     public static void main(String[] args) {
