@@ -38,8 +38,8 @@ func (r kill9Run) String() string {
 
 // runKill9MidChunk sends n chunked messages (messageSize bytes, 3 chunks each) asynchronously
 // from a pulsar-client-go (latest) producer with a fixed name, through a proxy process that
-// is killed with SIGKILL once a quarter of them are acknowledged, and started again on the
-// same port after a second.
+// is frozen for 300 ms and killed with SIGKILL (harness FreezeThenKill9) once a quarter of
+// them are acknowledged, and started again on the same port after a second.
 func runKill9MidChunk(t *testing.T, n int, moreYAML string) kill9Run {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -84,7 +84,7 @@ func runKill9MidChunk(t *testing.T, n int, moreYAML string) kill9Run {
 		for acked.Load() < int64(n/4) {
 			time.Sleep(time.Millisecond)
 		}
-		pp.Kill9()
+		pp.FreezeThenKill9(300 * time.Millisecond)
 		start := time.Now()
 		time.Sleep(time.Second)
 		pp.StartRetrying(30 * time.Second)
@@ -133,10 +133,10 @@ func runKill9MidChunk(t *testing.T, n int, moreYAML string) kill9Run {
 
 // Given broker de-duplication on and a chunking producer sending 120 messages of 3 chunks
 // through a proxy process,
-// when the proxy is killed with SIGKILL mid-stream and restarted on the same port,
+// when the proxy is frozen and killed with SIGKILL mid-stream and restarted on the same port,
 // then with the look at the topic (broker-web-url given) every message is stored exactly once,
-// with 0 duplicate chunks, and consumed whole; the same run with the look off
-// (chunk-recovery-entries: 0, the proxy before this change) is reported beside it.
+// with 0 duplicate chunks, and consumed whole; while the same run with the look off
+// (chunk-recovery-entries: 0, the proxy before the look) stores duplicate chunks (the control).
 func TestKill9ProxyMidChunkStoresNoDuplicateChunks(t *testing.T) {
 	const n = 120
 	withLook := runKill9MidChunk(t, n, "broker-web-url: "+broker.AdminURL+"\n")
@@ -146,6 +146,9 @@ func TestKill9ProxyMidChunkStoresNoDuplicateChunks(t *testing.T) {
 	addReport(fmt.Sprintf("kill -9 of the proxy mid-chunk, %d messages of 3 chunks, dedup on: with the look %d duplicate chunks, without it %d",
 		n, withLook.chunks.Duplicates, without.chunks.Duplicates))
 
+	if without.chunks.Duplicates == 0 {
+		t.Errorf("without the look no chunk was stored twice: the kill did not land mid-chunk, the run shows nothing")
+	}
 	if withLook.acked != n || withLook.failed != 0 {
 		t.Errorf("producer: %d acked, %d failed of %d", withLook.acked, withLook.failed, n)
 	}

@@ -16,7 +16,7 @@ import (
 )
 
 // singleKill sends n chunked messages from one producer through a single proxy process in
-// front of the cluster, kills the proxy with -9 once a quarter are acknowledged, restarts it
+// front of the cluster, freezes the proxy for 300 ms and kills it with -9 once a quarter are acknowledged (harness FreezeThenKill9: what was in flight is stored unanswered), restarts it
 // on the same port after a second, and returns the duplicate and incomplete chunks stored.
 func singleKill(t *testing.T, ctx context.Context, n int, moreYAML string) (dups, incomplete, messages int, acked int64) {
 	t.Helper()
@@ -61,7 +61,7 @@ func singleKill(t *testing.T, ctx context.Context, n int, moreYAML string) (dups
 		for ok.Load() < int64(n/4) && ctx.Err() == nil {
 			time.Sleep(time.Millisecond)
 		}
-		pp.Kill9()
+		pp.FreezeThenKill9(300 * time.Millisecond)
 		time.Sleep(time.Second)
 		pp.StartRetrying(30 * time.Second)
 	}()
@@ -92,9 +92,10 @@ func singleKill(t *testing.T, ctx context.Context, n int, moreYAML string) (dups
 }
 
 // Given the cluster, de-duplication on, and a single proxy process in front of it,
-// when a chunking producer's proxy is killed with -9 mid-stream and restarted,
-// then with the look at the topic 0 duplicate chunks are stored and every message is whole;
-// the same run with the look off (chunk-recovery-entries: 0) is reported beside it.
+// when a chunking producer's proxy is frozen and killed with -9 mid-stream and restarted,
+// then with the look at the topic 0 duplicate chunks are stored and every message is whole,
+// while the same run with the look off (chunk-recovery-entries: 0) stores duplicates (the
+// control: without them the kill did not land mid-chunk).
 func TestSingleProxyKilledMidChunkOnTheCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
@@ -103,6 +104,9 @@ func TestSingleProxyKilledMidChunkOnTheCluster(t *testing.T) {
 	offDups, _, _, _ := singleKill(t, ctx, n, "chunk-recovery-entries: 0\n")
 	t.Logf("single proxy killed mid-chunk on the cluster, %d messages of 3 chunks: with the look %d duplicate chunks (%d messages stored, %d incomplete, %d acked); without it %d duplicate chunks",
 		n, dups, messages, incomplete, acked, offDups)
+	if offDups == 0 {
+		t.Errorf("without the look no chunk was stored twice: the kill did not land mid-chunk, the run shows nothing")
+	}
 	if dups != 0 || incomplete != 0 || messages != n || acked != n {
 		t.Errorf("with the look: %d duplicate chunks, %d incomplete, %d messages stored, %d acked; want 0, 0, %d, %d",
 			dups, incomplete, messages, acked, n, n)
