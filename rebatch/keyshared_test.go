@@ -253,7 +253,7 @@ func TestClassifyDoesNotAllocate(t *testing.T) {
 			f := frame(t, keyedSend(t, []keyedMsg{k}, false))
 			it := batch.NewIterator(f.Payload(), 1)
 			for it.Next() {
-				msgs = append(msgs, msgRef{smm: bytes.Clone(it.Message().Metadata), payload: bytes.Clone(it.Message().Payload), seq: k.seq})
+				msgs = append(msgs, msgRef{smm: bytes.Clone(it.Message().Metadata), meta: it.Meta(), payload: bytes.Clone(it.Message().Payload), seq: k.seq})
 			}
 		}
 		step := func() {

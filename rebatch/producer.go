@@ -138,9 +138,12 @@ type inflight struct {
 }
 
 // msgRef is one message of the send being taken apart; slices alias the client's frame or the
-// engine's decompression buffer.
+// engine's decompression buffer. meta is smm parsed, once (by the batch iterator, or from the
+// send's metadata for a message sent alone): routing, grouping and the entry's outer key read
+// it, never smm again.
 type msgRef struct {
 	smm     []byte
+	meta    batch.SingleMeta
 	payload []byte
 	seq     uint64
 }
@@ -679,7 +682,7 @@ func (p *Producer) explode(f wire.Frame, s *wire.Send) ([]msgRef, error) {
 		// A message sent alone: its own fields move from the outer metadata into a
 		// SingleMessageMetadata, where a batch keeps them.
 		p.single = md.AppendSingleMetadata(p.single[:0], len(payload))
-		p.msgs = append(p.msgs, msgRef{smm: p.single, payload: payload, seq: s.SequenceID})
+		p.msgs = append(p.msgs, msgRef{smm: p.single, meta: md.SingleMeta(p.single, len(payload)), payload: payload, seq: s.SequenceID})
 		return p.msgs, nil
 	}
 	n := int(md.NumMessagesInBatch)
@@ -697,7 +700,7 @@ func (p *Producer) explode(f wire.Frame, s *wire.Send) ([]msgRef, error) {
 			p.mixedSeq = p.mixedSeq || (i > 0 && !p.atomic)
 			p.atomic = true
 		}
-		p.msgs = append(p.msgs, msgRef{smm: m.Metadata, payload: m.Payload, seq: seq})
+		p.msgs = append(p.msgs, msgRef{smm: m.Metadata, meta: meta, payload: m.Payload, seq: seq})
 	}
 	if err := it.Err(); err != nil || len(p.msgs) == 0 {
 		return nil, fmt.Errorf("%w: batch payload: %v", ErrMalformedSend, err)
@@ -776,13 +779,11 @@ func (p *Producer) add(now time.Time, l *lane, id uint64, m msgRef, pm *planned,
 	default:
 		// The outer key is the first keyed message's, as clients do for their batches; under
 		// KeysApart every keyed message of the entry has the same sticky hash.
-		if meta, err := batch.ParseSingleMeta(m.smm); err == nil {
-			switch {
-			case meta.HasOrderingKey:
-				o.key, o.isOrdKey, o.hasKey = append(o.key, meta.OrderingKey...), true, true
-			case meta.HasPartitionKey:
-				o.key, o.partitionKeyFirst, o.keyB64, o.hasKey = append(o.key, meta.PartitionKey...), true, meta.PartitionKeyB64Encoded, true
-			}
+		switch meta := &m.meta; {
+		case meta.HasOrderingKey:
+			o.key, o.isOrdKey, o.hasKey = append(o.key, meta.OrderingKey...), true, true
+		case meta.HasPartitionKey:
+			o.key, o.partitionKeyFirst, o.keyB64, o.hasKey = append(o.key, meta.PartitionKey...), true, meta.PartitionKeyB64Encoded, true
 		}
 	}
 	if pm.hasHash {

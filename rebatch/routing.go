@@ -30,14 +30,12 @@ import (
 //     messages over the buckets as the broker spreads them.
 
 // routeOf returns the bytes the broker hashes to dispatch a message sent alone, and whether
-// the message has a key of its own; meta is its parsed metadata, nil if unreadable. Keyless
+// the message has a key of its own; meta is its parsed metadata. Keyless
 // messages get the Pulsar 4 fallback key only under
 // buckets (where it picks the bucket); elsewhere key is nil for them. The key aliases the
 // message or scratch space until the next call.
 func (p *Producer) routeOf(meta *batch.SingleMeta, seq uint64) (key []byte, keyed bool) {
 	switch {
-	case meta == nil:
-		// Unreadable metadata: the broker's peekStickyKey falls back to NONE_KEY too.
 	case meta.HasOrderingKey:
 		return nonNil(meta.OrderingKey), true
 	case meta.HasPartitionKey && !meta.PartitionKeyB64Encoded && utf8.Valid(meta.PartitionKey):
@@ -65,13 +63,7 @@ func (p *Producer) routeOf(meta *batch.SingleMeta, seq uint64) (key []byte, keye
 // endian, for keyed), then the restricted properties (groupOf).
 func (p *Producer) classify(m msgRef, pm *planned) {
 	apart := p.cfg.Policy.KeysApart()
-	var meta *batch.SingleMeta
-	if p.ring != nil || apart || p.cfg.Policy.Kind == Properties {
-		// Parsed once for the routing key and the restricted properties.
-		if mm, err := batch.ParseSingleMeta(m.smm); err == nil {
-			meta = &mm
-		}
-	}
+	meta := &m.meta // parsed once, when the send was taken apart
 	if p.ring != nil || apart {
 		key, keyed := p.routeOf(meta, m.seq)
 		if p.ring != nil {
@@ -93,9 +85,7 @@ func (p *Producer) classify(m msgRef, pm *planned) {
 	} else {
 		pm.groupLo = len(p.arena)
 	}
-	if meta != nil {
-		p.arena = append(p.arena, p.groupOf(meta)...)
-	}
+	p.arena = append(p.arena, p.groupOf(meta)...)
 	pm.group = len(p.arena)
 }
 

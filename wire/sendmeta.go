@@ -3,6 +3,7 @@ package wire
 import (
 	"encoding/binary"
 
+	"github.com/rebatchproxy/rebatchproxy/wire/batch"
 	"github.com/rebatchproxy/rebatchproxy/wire/internal/pbscan"
 	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
 )
@@ -217,6 +218,32 @@ func (m *SendMetadata) AppendSingleMetadata(dst []byte, payloadSize int) []byte 
 		dst = appendBoolField(dst, smmNullPartitionKey, m.nullPK)
 	}
 	return dst
+}
+
+// SingleMeta returns what batch.ParseSingleMeta reads from smm, the result of
+// AppendSingleMetadata(dst, payloadSize), without reading it: the fields it was encoded from.
+func (m *SendMetadata) SingleMeta(smm []byte, payloadSize int) batch.SingleMeta {
+	f := batch.SingleMeta{
+		PayloadSize:            int32(payloadSize),
+		HasPartitionKey:        m.hasPartitionKey,
+		PartitionKeyB64Encoded: m.hasB64 && m.b64,
+		HasOrderingKey:         m.hasOrderingKey,
+		SequenceID:             m.SequenceID,
+		HasSequenceID:          true,
+		NullValue:              m.hasNull && m.nullValue,
+		NullPartitionKey:       m.hasNullPK && m.nullPK,
+		NumProperties:          m.properties,
+	}
+	if m.hasPartitionKey {
+		f.PartitionKey = m.partitionKey
+	}
+	if m.hasOrderingKey {
+		f.OrderingKey = m.orderingKey
+	}
+	if m.hasEventTime {
+		f.EventTime = m.eventTime
+	}
+	return batch.SingleMetaOf(smm, f)
 }
 
 func appendVarintField(dst []byte, num, v uint64) []byte {

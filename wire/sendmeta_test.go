@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rebatchproxy/rebatchproxy/wire/batch"
 	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
 )
 
@@ -80,7 +81,23 @@ func agree(t testing.TB, b []byte, exact bool) {
 		if !bytes.Equal(got, want) {
 			t.Fatalf("AppendSingleMetadata\n got %x\nwant %x\n(from %v)", got, want, &md)
 		}
+		parsed, err := batch.ParseSingleMeta(got)
+		if err != nil {
+			t.Fatalf("ParseSingleMeta refuses what AppendSingleMetadata wrote: %v (%x)", err, got)
+		}
+		if known := m.SingleMeta(got, size); !sameSingleMeta(known, parsed) {
+			t.Fatalf("SingleMeta\n got %+v\nwant %+v (parsed from %x)", known, parsed, got)
+		}
 	}
+}
+
+// sameSingleMeta compares two parsed SingleMessageMetadata field by field (a present empty
+// key may be nil in one and empty in the other: the flags say it is present).
+func sameSingleMeta(a, b batch.SingleMeta) bool {
+	return a.PayloadSize == b.PayloadSize && a.HasPartitionKey == b.HasPartitionKey && bytes.Equal(a.PartitionKey, b.PartitionKey) &&
+		a.PartitionKeyB64Encoded == b.PartitionKeyB64Encoded && a.HasOrderingKey == b.HasOrderingKey && bytes.Equal(a.OrderingKey, b.OrderingKey) &&
+		a.EventTime == b.EventTime && a.SequenceID == b.SequenceID && a.HasSequenceID == b.HasSequenceID && a.CompactedOut == b.CompactedOut &&
+		a.NullValue == b.NullValue && a.NullPartitionKey == b.NullPartitionKey && a.NumProperties == b.NumProperties
 }
 
 func TestSendMetadataAgreesWithTheRuntime(t *testing.T) {

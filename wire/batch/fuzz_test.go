@@ -1,4 +1,4 @@
-package batch
+package batch_test
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rebatchproxy/rebatchproxy/wire"
+	"github.com/rebatchproxy/rebatchproxy/wire/batch"
 	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
 )
 
@@ -16,8 +17,8 @@ import (
 // never panic; whatever splits must agree with the generated decoder and
 // reassemble to the identical buffer.
 func FuzzBatchSplit(f *testing.F) {
-	f.Add(benchBatch(f, 3, 5), 3)
-	f.Add(benchBatch(f, 1, 0), 1)
+	f.Add(batch.BenchBatch(f, 3, 5), 3)
+	f.Add(batch.BenchBatch(f, 1, 0), 1)
 	f.Add([]byte{}, 0)
 	f.Add([]byte{0, 0, 0, 2, 0x18, 0x01, 'x'}, 1)
 	// Uncompressed batches captured from real clients.
@@ -44,18 +45,18 @@ func FuzzBatchSplit(f *testing.F) {
 		if n > 1<<16 {
 			n %= 1 << 16
 		}
-		msgs, err := Split(nil, buf, n)
+		msgs, err := batch.Split(nil, buf, n)
 		if err != nil {
 			return
 		}
 		if len(msgs) != n {
 			t.Fatalf("%d messages, declared %d", len(msgs), n)
 		}
-		if !bytes.Equal(Assemble(nil, msgs), buf) {
+		if !bytes.Equal(batch.Assemble(nil, msgs), buf) {
 			t.Fatal("reassembly differs")
 		}
 		for _, m := range msgs {
-			meta, err := ParseSingleMeta(m.Metadata)
+			meta, err := batch.ParseSingleMeta(m.Metadata)
 			if err != nil {
 				t.Fatal(err)
 			}

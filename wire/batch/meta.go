@@ -87,6 +87,15 @@ func ParseSingleMeta(b []byte) (SingleMeta, error) {
 	return m, nil
 }
 
+// SingleMetaOf returns ParseSingleMeta(raw) without reading raw, for a caller that encoded raw
+// itself from fields it holds parsed (wire.SendMetadata.SingleMeta, for a message sent alone):
+// the engine then reads each message's metadata once. fields' raw is replaced by raw; the
+// caller vouches that fields are what raw encodes, and its tests hold it to that.
+func SingleMetaOf(raw []byte, fields SingleMeta) SingleMeta {
+	fields.raw = raw
+	return fields
+}
+
 // Key returns the key Key_Shared routing hashes for this message: the
 // ordering key when set, else the partition key (still base64 text when
 // PartitionKeyB64Encoded; decoding it is the caller's choice).
