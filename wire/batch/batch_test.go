@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -192,4 +193,34 @@ func benchBatch(t testing.TB, n, size int) []byte {
 		payloads[i] = bytes.Repeat([]byte{byte(i)}, size)
 	}
 	return build(t, smms, payloads)
+}
+
+// Properties yields every property wherever it lies among the other fields, and stops after
+// the last one (NumProperties) without reading the rest.
+func TestPropertiesAmongOtherFields(t *testing.T) {
+	kv := func(k, v string) []byte {
+		b := append([]byte{0x0a, byte(len(k))}, k...)
+		b = append(append(b, 0x12, byte(len(v))), v...)
+		return append([]byte{0x0a, byte(len(b))}, b...)
+	}
+	raw := append([]byte{0x18, 5}, kv("a", "1")...)          // payload_size, then a property
+	raw = append(append(raw, 0x40, 7), kv("b", "")...)       // sequence_id, another property
+	raw = append(append(raw, 0x12, 1, 'k'), kv("a", "2")...) // partition_key, a repeated key
+	tail := len(raw)
+	raw = append(raw, 0xff) // not protobuf: read only by a walk that did not stop
+	meta, err := ParseSingleMeta(raw[:tail])
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta = SingleMetaOf(raw, meta)
+	var got []string
+	if err := meta.Properties(func(k, v []byte) bool { got = append(got, string(k)+"="+string(v)); return true }); err != nil {
+		t.Fatalf("Properties read past its last property: %v", err)
+	}
+	if strings.Join(got, ",") != "a=1,b=,a=2" {
+		t.Fatalf("properties %v, want a=1, b=, a=2", got)
+	}
+	if v, ok := meta.Property("a"); !ok || string(v) != "1" {
+		t.Fatalf("Property(a) = %q, %v; want the first, 1", v, ok)
+	}
 }

@@ -111,10 +111,11 @@ func (m SingleMeta) Raw() []byte { return m.raw }
 
 // Properties calls fn for each property in order until fn returns false.
 // The slices alias the buffer. A malformed property ends the walk early
-// with ErrMalformed.
+// with ErrMalformed. The walk stops after the NumProperties-th property: the
+// fields after it are not read (on the rewriting path they are most of them).
 func (m SingleMeta) Properties(fn func(key, value []byte) bool) error {
 	b := m.raw
-	for i := 0; i < len(b); {
+	for i, left := 0, m.NumProperties; i < len(b) && left > 0; {
 		f, n := pbscan.Next(b[i:])
 		if n == 0 {
 			return ErrMalformed
@@ -123,6 +124,7 @@ func (m SingleMeta) Properties(fn func(key, value []byte) bool) error {
 		if f.Num != smmProperties || f.WireType != pbscan.Bytes {
 			continue
 		}
+		left--
 		k, v, ok := parseKeyValue(f.B)
 		if !ok {
 			return ErrMalformed
