@@ -31,58 +31,6 @@ func producers() []string {
 	return []string{"go-v0.10.0", "go-v0.21.0", "java-2.10.6"}
 }
 
-// chunkCount is what a stored topic holds.
-type chunkCount struct {
-	Entries    int
-	Messages   int // distinct uuids
-	Stored     int // chunk entries
-	Duplicates int // chunk entries beyond the first copy of each (uuid, chunk id)
-	Incomplete int // uuids missing a chunk id in 0..num_chunks-1
-	NotChunks  int // entries without chunk metadata
-	// DuplicatedUUIDs lists the uuids with a duplicate chunk and how their chunk ids were stored.
-	DuplicatedUUIDs map[string][]int
-}
-
-// countChunks counts duplicate chunks: the same (uuid, chunk_id) stored more than once.
-func countChunks(entries []harness.StoredEntry) chunkCount {
-	c := chunkCount{Entries: len(entries), DuplicatedUUIDs: map[string][]int{}}
-	order := map[string][]int{}
-	total := map[string]int{}
-	seen := map[string]map[int]int{}
-	for _, e := range entries {
-		if e.ChunkID < 0 || e.UUID == "" {
-			c.NotChunks++
-			continue
-		}
-		c.Stored++
-		if seen[e.UUID] == nil {
-			seen[e.UUID] = map[int]int{}
-		}
-		seen[e.UUID][e.ChunkID]++
-		if seen[e.UUID][e.ChunkID] > 1 {
-			c.Duplicates++
-		}
-		order[e.UUID] = append(order[e.UUID], e.ChunkID)
-		total[e.UUID] = e.NumChunksFromMsg
-	}
-	c.Messages = len(seen)
-	for u, ids := range seen {
-		for i := 0; i < total[u]; i++ {
-			if ids[i] == 0 {
-				c.Incomplete++
-				break
-			}
-		}
-		for _, n := range ids {
-			if n > 1 {
-				c.DuplicatedUUIDs[u] = order[u]
-				break
-			}
-		}
-	}
-	return c
-}
-
 // delivery is what a consumer handed to its application.
 type delivery struct {
 	Received    int
@@ -123,7 +71,7 @@ type outcome struct {
 	Via      string
 	Cut      faultrelay.Cut
 	Produce  *drivers.ProduceResult
-	Chunks   chunkCount
+	Chunks   harness.ChunkCount
 	Consumer delivery
 }
 
@@ -242,7 +190,7 @@ func runScenarioOnce(t *testing.T, producer, via, upstream, consumeURL string) (
 	if err != nil {
 		t.Fatalf("reading %s raw: %v", topic, err)
 	}
-	o.Chunks = countChunks(entries)
+	o.Chunks = harness.CountChunks(entries)
 
 	cres, err := cd.Consume(ctx, drivers.ConsumeSpec{
 		URL: consumeURL, Topic: topic, Subscription: "chunks-check", Idle: 5 * time.Second, Timeout: 60 * time.Second,

@@ -275,7 +275,8 @@ func TestFleetBehindHAProxySurvivesKill9AndTopicMoves(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			dupChunks, incomplete, messages := countChunks(entries)
+			cc := harness.CountChunks(entries)
+			dupChunks, incomplete, messages := cc.Duplicates, cc.Incomplete, cc.Messages
 			line += fmt.Sprintf("; stored %d chunked messages, %d duplicate chunks, %d incomplete", messages, dupChunks, incomplete)
 			if dupChunks != 0 || incomplete != 0 || messages != w.n {
 				t.Errorf("chunked topic: %d messages, %d duplicate chunks, %d incomplete; want %d, 0, 0", messages, dupChunks, incomplete, w.n)
@@ -326,35 +327,6 @@ func readAll(t *testing.T, ctx context.Context, c pulsar.Client, topic string, w
 		seen[i] = true
 	}
 	return len(seen), dups
-}
-
-// countChunks counts chunks stored more than once (same uuid and chunk id), messages missing
-// a chunk, and the chunked messages stored.
-func countChunks(entries []harness.StoredEntry) (dups, incomplete, messages int) {
-	seen := map[string]map[int]int{}
-	total := map[string]int{}
-	for _, e := range entries {
-		if e.ChunkID < 0 || e.UUID == "" {
-			continue
-		}
-		if seen[e.UUID] == nil {
-			seen[e.UUID] = map[int]int{}
-		}
-		seen[e.UUID][e.ChunkID]++
-		if seen[e.UUID][e.ChunkID] > 1 {
-			dups++
-		}
-		total[e.UUID] = e.NumChunksFromMsg
-	}
-	for u, ids := range seen {
-		for i := 0; i < total[u]; i++ {
-			if ids[i] == 0 {
-				incomplete++
-				break
-			}
-		}
-	}
-	return dups, incomplete, len(seen)
 }
 
 func hostPort(u string) string {
