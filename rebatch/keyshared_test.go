@@ -257,10 +257,10 @@ func TestClassifyDoesNotAllocate(t *testing.T) {
 			}
 		}
 		step := func() {
-			for _, m := range msgs {
+			for i := range msgs {
 				p.arena = p.arena[:0]
 				var pm planned
-				p.classify(m, &pm)
+				p.classify(&msgs[i], &pm)
 			}
 		}
 		step()

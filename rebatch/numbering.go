@@ -91,7 +91,8 @@ func (p *Producer) planSend(msgs []msgRef, num numbering) bool {
 	for i := range current {
 		current[i] = -1
 	}
-	for _, m := range msgs {
+	for i := range msgs {
+		m := &msgs[i]
 		pm := planned{}
 		p.classify(m, &pm)
 		if !num.perMessage {

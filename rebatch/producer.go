@@ -496,8 +496,8 @@ func (p *Producer) SendParsed(now time.Time, f wire.Frame, sp *wire.Send, out *O
 	if err != nil {
 		return err
 	}
-	for _, m := range msgs {
-		if 4+len(m.smm)+len(m.payload) > p.budget {
+	for i := range msgs {
+		if m := &msgs[i]; 4+len(m.smm)+len(m.payload) > p.budget {
 			return p.verbatim(now, f, &s, out) // a message no built entry could hold
 		}
 	}
@@ -522,8 +522,8 @@ func (p *Producer) SendParsed(now time.Time, f wire.Frame, sp *wire.Send, out *O
 	}
 	id := p.sendBase + uint64(p.Pending())
 	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID})
-	for i, m := range msgs {
-		pm := &p.plan[i]
+	for i := range msgs {
+		m, pm := &msgs[i], &p.plan[i]
 		l := p.lanes[pm.lane]
 		lo, hi := m.seq, m.seq
 		need, count := 4+len(m.smm)+len(m.payload), 1
@@ -562,7 +562,8 @@ func (p *Producer) sendShared(now time.Time, s *wire.Send, msgs []msgRef, out *O
 	l := p.lanes[1]
 	id := p.sendBase + uint64(p.Pending())
 	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID})
-	for _, m := range msgs {
+	for i := range msgs {
+		m := &msgs[i]
 		p.arena = p.arena[:0]
 		var pm planned
 		p.classify(m, &pm)
@@ -603,7 +604,7 @@ func (p *Producer) makeRoom(l *lane, dup bool, group []byte, need, count int, ou
 }
 
 // place adds a message to a lane's open batch and sends the batch once it is full.
-func (p *Producer) place(now time.Time, l *lane, id uint64, m msgRef, pm *planned, dup bool, lo, hi uint64, out *Output) error {
+func (p *Producer) place(now time.Time, l *lane, id uint64, m *msgRef, pm *planned, dup bool, lo, hi uint64, out *Output) error {
 	p.add(now, l, id, m, pm, dup, lo, hi)
 	if l.open.n < p.cfg.Policy.MaxMessages {
 		return nil
@@ -751,7 +752,7 @@ func (p *Producer) groupOf(meta *batch.SingleMeta) []byte {
 
 // add appends one message to a lane's open batch, opening it if needed.
 // lo and hi are the ids the message lends the entry: its own, or its piece's (numbering.go).
-func (p *Producer) add(now time.Time, l *lane, id uint64, m msgRef, pm *planned, dup bool, lo, hi uint64) {
+func (p *Producer) add(now time.Time, l *lane, id uint64, m *msgRef, pm *planned, dup bool, lo, hi uint64) {
 	o := &l.open
 	group := p.arena[pm.groupLo:pm.group]
 	if o.n == 0 {

@@ -61,7 +61,7 @@ func (p *Producer) routeOf(meta *batch.SingleMeta, seq uint64) (key []byte, keye
 // buckets, the routing key) to p.arena. A group is what every message of one entry shares:
 // under KeysApart a routing class first (0 for keyless; 1 and the 31-bit sticky hash, little
 // endian, for keyed), then the restricted properties (groupOf).
-func (p *Producer) classify(m msgRef, pm *planned) {
+func (p *Producer) classify(m *msgRef, pm *planned) {
 	apart := p.cfg.Policy.KeysApart()
 	meta := &m.meta // parsed once, when the send was taken apart
 	if p.ring != nil || apart {
