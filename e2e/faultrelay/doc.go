@@ -25,8 +25,9 @@
 //     direction: further client frames are dropped, and the relay waits (at most Rule.Drain)
 //     until the server has answered every SEND forwarded on the connection, so that the server
 //     has persisted the forwarded chunks before the cut.
-//  3. Then both sides are closed. The client sees a dropped connection with the forwarded sends
-//     still pending, reconnects and resends them: the server stores those sends twice.
+//  3. Then Rule.BeforeClose runs, if set (a test may kill the server there), and both sides are
+//     closed. The client sees a dropped connection with the forwarded sends still pending,
+//     reconnects and resends them: the server stores those sends twice.
 //
 // Each firing is recorded as a Cut (what was forwarded, withheld and dropped, and whether the
 // server answered every forwarded send in time). Fired() is closed after the last allowed firing.

@@ -39,6 +39,11 @@ type Rule struct {
 	Drain time.Duration
 	// Connections is how many connections the rule fires on; 0 means 1.
 	Connections int
+	// BeforeClose, when set, is called after the drain and before both sides are closed, on the
+	// cutting connection's client-reading goroutine: the moment the server has answered what
+	// was forwarded and the client has seen none of the withheld answers (a test kills the
+	// server there, e.g. the proxy process, to die at a known point of the stream).
+	BeforeClose func()
 }
 
 // Config configures a Relay.
@@ -484,6 +489,9 @@ func (s *session) cut(br *bufio.Reader) {
 			timedOut = true
 		}
 		drained = s.allAnswered()
+	}
+	if s.r.rule.BeforeClose != nil {
+		s.r.rule.BeforeClose()
 	}
 	s.closeBoth()
 	s.mu.Lock()

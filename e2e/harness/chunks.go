@@ -11,6 +11,10 @@ import (
 
 	"github.com/apache/pulsar-client-go/pulsar"
 	plog "github.com/apache/pulsar-client-go/pulsar/log"
+
+	"github.com/rebatchproxy/rebatchproxy/e2e/faultrelay"
+	"github.com/rebatchproxy/rebatchproxy/wire"
+	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
 )
 
 // ChunkCount is what a stored topic holds of chunked messages.
@@ -66,12 +70,19 @@ func CountChunks(entries []StoredEntry) ChunkCount {
 	return c
 }
 
-// MidChunkKill is one run of a chunking producer whose proxy process dies mid-stream: n
-// messages of Size bytes sent asynchronously (40 pending at most) by a pulsar-client-go
-// producer with a fixed name through Proxy, which is frozen for 300 ms and killed with -9
-// (FreezeThenKill9: what it had forwarded is stored, its receipts never read) once a quarter
-// are acknowledged, and started again on the same port a second later. The client then
-// resends every chunk whose receipt it had not seen, some of them stored already.
+// MidChunkKill is one run of a chunking producer whose proxy process dies mid-chunk: n
+// messages of Size bytes (two chunks or more each) sent asynchronously (40 pending at most) by a
+// pulsar-client-go producer with a fixed name through a fault relay in front of Proxy. Once a
+// quarter of the messages have gone, the relay forwards the first chunk of the next message and
+// nothing more, waits until the proxy has answered every send it forwarded (so the broker has
+// stored them), withholding from the client the receipts that had not reached it when that chunk
+// went (the chunks then in flight and that chunk); then the proxy is killed with -9 and started
+// again on the same port a second later. The client resends every chunk whose receipt it had
+// not seen: messages stored whole, and a message whose first chunk alone is stored. (Holding
+// receipts any earlier would let the producer's 40 pending chunks fill before that chunk is
+// sent: a stall, not a kill.) The kill lands mid-chunk by
+// construction, not by the moment a signal happens to arrive (a run that left it to chance
+// stored no duplicate even without the proxy's look, once in a CI run).
 type MidChunkKill struct {
 	Admin        *Broker       // creates the namespace (de-duplication on) and reads the topic back
 	Proxy        *ProcessProxy // started by the caller
@@ -96,6 +107,11 @@ func (r MidChunkResult) String() string {
 	return fmt.Sprintf("acked %d, failed %d; stored %d chunks of %d messages, %d duplicate chunks, %d incomplete; consumer got %d whole messages; restart %s; %s",
 		r.Acked, r.Failed, r.Chunks.Stored, r.Chunks.Messages, r.Chunks.Duplicates, r.Chunks.Incomplete, r.Received,
 		r.Restart.Round(time.Millisecond), r.Looks)
+}
+
+// firstChunks matches the SEND frames that carry a message's first chunk.
+func firstChunks(f wire.Frame, md *pulsarpb.MessageMetadata) bool {
+	return faultrelay.ChunkSends(f, md) && md.GetChunkId() == 0
 }
 
 // Run runs it; a setup failure fails t.
@@ -123,7 +139,17 @@ func (k MidChunkKill) Run(t *testing.T) MidChunkResult {
 	}
 	defer cons.Close()
 
-	c, err := pulsar.NewClient(pulsar.ClientOptions{URL: k.Proxy.URL(), Logger: plog.DefaultNopLogger(), OperationTimeout: 60 * time.Second})
+	quarter := k.Messages / 4
+	atPoint, killedAt := make(chan struct{}), make(chan struct{})
+	relay, err := faultrelay.Start(faultrelay.Config{Upstream: k.Proxy.Listen(), RewriteLookups: true,
+		Rule: &faultrelay.Rule{Match: firstChunks, After: quarter + 1, HoldFrom: quarter + 1, Drain: 30 * time.Second,
+			BeforeClose: func() { close(atPoint); <-killedAt }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relay.Close()
+
+	c, err := pulsar.NewClient(pulsar.ClientOptions{URL: relay.URL(), Logger: plog.DefaultNopLogger(), OperationTimeout: 60 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,10 +167,14 @@ func (k MidChunkKill) Run(t *testing.T) MidChunkResult {
 	killed := make(chan struct{})
 	go func() {
 		defer close(killed)
-		for acked.Load() < int64(k.Messages/4) && ctx.Err() == nil {
-			time.Sleep(time.Millisecond)
+		select {
+		case <-atPoint:
+		case <-ctx.Done():
+			t.Errorf("the relay never reached the first chunk of message %d: %v", quarter, relay.Cuts())
+			return
 		}
-		k.Proxy.FreezeThenKill9(300 * time.Millisecond)
+		k.Proxy.Kill9()
+		close(killedAt)
 		start := time.Now()
 		time.Sleep(time.Second)
 		k.Proxy.StartRetrying(30 * time.Second)
@@ -166,6 +196,9 @@ func (k MidChunkKill) Run(t *testing.T) MidChunkResult {
 	wg.Wait()
 	<-killed
 	r.Acked, r.Failed = acked.Load(), failed.Load()
+	if cuts := relay.Cuts(); len(cuts) != 1 || !cuts[0].Drained {
+		t.Errorf("the relay's cut: %v; want one, with every forwarded send answered before the kill", cuts)
+	}
 
 	entries, err := k.Admin.StoredEntries(ctx, topic)
 	if err != nil {

@@ -229,24 +229,6 @@ func (p *ProcessProxy) Kill9() {
 	p.cmd = nil
 }
 
-// FreezeThenKill9 stops the process (SIGSTOP), waits for, then kills it with SIGKILL. While
-// it is frozen the kernel still delivers what it had written towards the broker, and the broker
-// stores it and answers into a socket nobody reads: every send in flight at the freeze is then
-// stored without its receipt reaching the client, the case a crash mid-stream leaves at
-// worst, made certain instead of left to the moment a plain kill lands (a process that hangs
-// and is then killed, as by an OOM killer or a liveness probe, dies exactly so).
-func (p *ProcessProxy) FreezeThenKill9(frozen time.Duration) {
-	p.t.Helper()
-	if p.cmd == nil {
-		return
-	}
-	if err := syscall.Kill(p.cmd.Process.Pid, syscall.SIGSTOP); err != nil {
-		p.t.Fatalf("kill -STOP proxy: %v", err)
-	}
-	time.Sleep(frozen)
-	p.Kill9()
-}
-
 // Stop ends the process (SIGKILL: nothing to drain at test end).
 func (p *ProcessProxy) Stop() {
 	if p.cmd == nil {
