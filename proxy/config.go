@@ -116,6 +116,20 @@ type Config struct {
 	// WebTimeout bounds one web request, redirects followed included.
 	WebTimeout time.Duration
 
+	// BrokerPortsListen (host:port), when set, opens one client-facing
+	// listener per broker in Brokers, on consecutive ports from port (0: any
+	// free ports), for clients whose service URL is the web port (HTTP
+	// lookups): they connect to the broker URL a lookup answer names and
+	// cannot name a target to a proxy, so HTTP lookup answers name broker
+	// i's port here, and a CONNECT there goes to broker i (broker_ports.go).
+	BrokerPortsListen string
+	// BrokerPortsTLSListen is the same over TLS (the TLS listener's
+	// certificate and client CA), named in answers' brokerUrlTls.
+	BrokerPortsTLSListen string
+	// AdvertisedHost is the host HTTP lookup answers name for those ports;
+	// "" means the listen address's host, which must then be a real one.
+	AdvertisedHost string
+
 	// ManagedKeyShared, when set, names the topics whose unaligned Key_Shared subscriptions
 	// the proxy manages (keyshared.go): it returns the topic's bucket ring, or nil for a topic
 	// left alone. Called on event loops for each Key_Shared SUBSCRIBE.
@@ -210,8 +224,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("tls-listen: needs tls-cert and tls-key")
 	case c.WebTLSListen != "" && (c.TLSCertFile == "" || c.TLSKeyFile == ""):
 		return fmt.Errorf("web-tls-listen: needs tls-cert and tls-key")
-	case c.TLSListen == "" && c.WebTLSListen == "" && (c.TLSCertFile != "" || c.TLSClientCAFile != ""):
-		return fmt.Errorf("tls-cert / tls-client-ca: given without tls-listen or web-tls-listen")
+	case c.TLSListen == "" && c.WebTLSListen == "" && c.BrokerPortsTLSListen == "" && (c.TLSCertFile != "" || c.TLSClientCAFile != ""):
+		return fmt.Errorf("tls-cert / tls-client-ca: given without tls-listen, web-tls-listen or broker-ports-tls-listen")
 	case (c.WebListen != "" || c.WebTLSListen != "") && len(c.BrokerWebURLs) == 0:
 		return fmt.Errorf("web-listen / web-tls-listen: needs broker-web-url")
 	case c.WebTimeout <= 0:
@@ -224,6 +238,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("broker-tls-trust-certs / broker-tls-cert: given without pulsar+ssl:// broker URLs")
 	case (c.BrokerTLSCertFile == "") != (c.BrokerTLSKeyFile == ""):
 		return fmt.Errorf("broker-tls-cert and broker-tls-key go together")
+	}
+	if err := c.validateBrokerPorts(); err != nil {
+		return err
 	}
 	if c.BrokerClientAuth != nil {
 		if err := c.BrokerClientAuth.validate(c); err != nil {

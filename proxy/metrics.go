@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"strconv"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -166,16 +167,19 @@ type metrics struct {
 	descWeb              *prometheus.Desc
 	descTLSFailures      *prometheus.Desc
 	knownBrokers         func() int
-	descConnsOpen        *prometheus.Desc
-	descConnsTotal       *prometheus.Desc
-	descFrames           *prometheus.Desc
-	descBytes            *prometheus.Desc
-	descCloses           *prometheus.Desc
-	descLookups          *prometheus.Desc
-	descFlight           *prometheus.Desc
-	descPauses           *prometheus.Desc
-	descKnown            *prometheus.Desc
-	descPanics           *prometheus.Desc
+	// brokerPorts is set once the per-broker listeners are open.
+	brokerPorts     atomic.Pointer[[]*brokerPort]
+	descConnsOpen   *prometheus.Desc
+	descConnsTotal  *prometheus.Desc
+	descFrames      *prometheus.Desc
+	descBytes       *prometheus.Desc
+	descCloses      *prometheus.Desc
+	descLookups     *prometheus.Desc
+	descFlight      *prometheus.Desc
+	descPauses      *prometheus.Desc
+	descKnown       *prometheus.Desc
+	descBrokerPorts *prometheus.Desc
+	descPanics      *prometheus.Desc
 }
 
 func newMetrics() *metrics {
@@ -213,6 +217,8 @@ func newMetrics() *metrics {
 				"after acknowledging everything they were sent (drained) or when key-shared-handoff-timeout passed first (drain_timeout: the broker redelivers what was unacknowledged), "+
 				"consumers refused for want of a bucket (refused), subscribes retried after the broker refused overlapping ranges (subscribe_retry), "+
 				"messages the broker sent a consumer already being closed, dropped for the broker to redeliver (message_dropped), and consumers the broker closed itself (broker_closed).", []string{"event"}, nil),
+		descBrokerPorts: prometheus.NewDesc("rebatchproxy_broker_port_connections_total",
+			"Client connections accepted on each port per broker (broker-ports-listen, broker-ports-tls-listen): clients that looked their topics up over HTTP.", []string{"broker", "tls"}, nil),
 		descKnown: prometheus.NewDesc("rebatchproxy_known_brokers",
 			"Broker addresses a data connection may target (configured plus learned).", nil, nil),
 		descPanics: prometheus.NewDesc("rebatchproxy_internal_errors_total",
@@ -235,7 +241,7 @@ func (m *metrics) countFrame(shard uint32, d direction, t pulsarpb.BaseCommand_T
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.descConnsOpen, m.descConnsTotal, m.descFrames, m.descBytes,
 		m.descCloses, m.descLookups, m.descFlight, m.descPauses, m.descKnown, m.descPanics,
-		m.descParks, m.descParked, m.descHeld, m.descBudget, m.descTLSFailures, m.descWeb, m.descKeyShared} {
+		m.descParks, m.descParked, m.descHeld, m.descBudget, m.descTLSFailures, m.descWeb, m.descKeyShared, m.descBrokerPorts} {
 		ch <- d
 	}
 }
@@ -290,5 +296,10 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	if m.knownBrokers != nil {
 		ch <- prometheus.MustNewConstMetric(m.descKnown, prometheus.GaugeValue, float64(m.knownBrokers()))
+	}
+	if ports := m.brokerPorts.Load(); ports != nil {
+		for _, bp := range *ports {
+			ch <- prometheus.MustNewConstMetric(m.descBrokerPorts, prometheus.CounterValue, float64(bp.accepted.Load()), bp.broker, strconv.FormatBool(bp.tls))
+		}
 	}
 }

@@ -66,6 +66,9 @@ type Server struct {
 	// The web port (web.go); written by Serve before the engine boots.
 	webServers []*http.Server
 	webAddrs   []string
+	// brokerPorts are the per-broker listeners (broker_ports.go), set by
+	// Serve before the engine starts.
+	brokerPorts []*brokerPort
 }
 
 // tickInterval is how often timeouts are checked; pausedTick is used while
@@ -106,7 +109,7 @@ func New(cfg Config) (*Server, error) {
 		}
 		s.brokerTLS = bt
 	}
-	if cfg.TLSListen != "" || cfg.WebTLSListen != "" {
+	if cfg.TLSListen != "" || cfg.WebTLSListen != "" || cfg.BrokerPortsTLSListen != "" {
 		t, err := loadTLS(&s.cfg)
 		if err != nil {
 			return nil, err
@@ -149,6 +152,10 @@ func (s *Server) Serve() error {
 			close(s.booted)
 			return err
 		}
+	}
+	if err := s.listenBrokerPorts(); err != nil {
+		close(s.booted)
+		return err
 	}
 	if err := s.serveWeb(); err != nil {
 		close(s.booted)
@@ -219,6 +226,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if s.tls != nil && s.tls.ln != nil {
 		_ = s.tls.ln.Close() // unlike gnet's, this listener can stop alone
 	}
+	s.closeBrokerPorts()
 	s.stopWeb(ctx)
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()

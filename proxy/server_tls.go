@@ -85,56 +85,68 @@ func (s *Server) listenTLS() error {
 		return fmt.Errorf("tls-listen: %w", err)
 	}
 	s.tls.ln = ln
-	go s.acceptTLS(ln)
+	go s.acceptLoop(ln, func(nc net.Conn) { s.serveNetConn(nc, true, "") })
 	return nil
 }
 
-func (s *Server) acceptTLS(ln net.Listener) {
+// acceptLoop accepts ln's connections until it is closed and serves each
+// on a goroutine of its own. It runs on a goroutine of its own.
+func (s *Server) acceptLoop(ln net.Listener, serve func(net.Conn)) {
 	for {
 		nc, err := ln.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			s.log.Warn("TLS accept failed", "err", err.Error())
+			s.log.Warn("accept failed", "listen", ln.Addr().String(), "err", err.Error())
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		go s.serveTLSConn(nc)
+		go serve(nc)
 	}
 }
 
-// serveTLSConn completes the TLS handshake (bounded by HandshakeTimeout)
-// and starts the client's session on a connLoop of its own.
-func (s *Server) serveTLSConn(nc net.Conn) {
+// serveNetConn completes the TLS handshake when useTLS (bounded by
+// HandshakeTimeout) and starts the client's session on a connLoop of its
+// own. pinned, when set, is the broker a CONNECT naming no
+// proxy_to_broker_url goes to (a per-broker port).
+func (s *Server) serveNetConn(nc net.Conn, useTLS bool, pinned string) {
 	if s.draining.Load() {
 		_ = nc.Close()
 		return
 	}
-	tc := tls.Server(nc, s.tls.conf)
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HandshakeTimeout)
-	err := tc.HandshakeContext(ctx)
-	cancel()
-	if err != nil {
-		s.m.tlsHandshakeFailures.Add(1)
-		if ok, suppressed := s.tlsRefusals.allow(s.clock()); ok {
-			s.log.Warn("TLS handshake failed; connection closed", "client", nc.RemoteAddr().String(),
-				"reason", tlsReason(err), "suppressed_since_last", suppressed)
+	conn := nc
+	var role string
+	var verified bool
+	if useTLS {
+		tc := tls.Server(nc, s.tls.conf)
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HandshakeTimeout)
+		err := tc.HandshakeContext(ctx)
+		cancel()
+		if err != nil {
+			s.m.tlsHandshakeFailures.Add(1)
+			if ok, suppressed := s.tlsRefusals.allow(s.clock()); ok {
+				s.log.Warn("TLS handshake failed; connection closed", "client", nc.RemoteAddr().String(),
+					"listen", nc.LocalAddr().String(), "reason", tlsReason(err), "suppressed_since_last", suppressed)
+			}
+			_ = nc.Close()
+			return
 		}
-		_ = nc.Close()
-		return
+		conn = tc
+		role, verified = certRole(tc.ConnectionState().VerifiedChains)
 	}
 	s.m.connsTotal[0].Add(1)
 	s.m.connsOpen[0].Add(1)
 	loop := newConnLoop()
 	ss := newSession(s, loop, nc.RemoteAddr().String())
-	ss.tlsClient = true
-	ss.clientCertRole, ss.clientCertVerified = certRole(tc.ConnectionState().VerifiedChains)
+	ss.tlsClient = useTLS
+	ss.clientCertRole, ss.clientCertVerified = role, verified
+	ss.pinnedBroker = pinned
 	ss.dial = s.dialConnSide
 	s.sessions.Store(ss, struct{}{})
 	s.nsessions.Add(1)
 	// On the loop, so the reader's first input finds s.client set.
-	_ = loop.run(func() { ss.client = newConnSide(loop, &ss.clientEnd, tc) })
+	_ = loop.run(func() { ss.client = newConnSide(loop, &ss.clientEnd, conn) })
 }
 
 // tlsReason names why a TLS handshake failed, for the log.

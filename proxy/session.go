@@ -131,6 +131,10 @@ type session struct {
 	// pulsar+ssl:// broker URL (brokerServiceUrlTls) to name in its CONNECT.
 	dial      func(s *session, targets []string)
 	tlsClient bool
+	// pinnedBroker, when set, is where a CONNECT naming no
+	// proxy_to_broker_url goes: the client came to a per-broker port
+	// (broker_ports.go).
+	pinnedBroker string
 	// clientCertVerified and clientCertRole: the TLS client presented a certificate the
 	// listener verified, and the role it names (proxy_role.go). Set before the first frame.
 	clientCertVerified bool
@@ -883,6 +887,8 @@ func (s *session) onConnect(f wire.Frame) (frameAction, error) {
 		}
 		targets = []string{addr}
 		c.ProxyToBrokerUrl = nil
+	} else if s.pinnedBroker != "" {
+		targets = []string{s.pinnedBroker}
 	} else {
 		k := s.srv.known
 		start := k.rr.Add(1)

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -26,8 +27,9 @@ import (
 // client only ever talks to the proxy. Other paths are refused (404); so is
 // a redirect anywhere else (502). Request bodies are bounded by
 // webBodyLimit; each request, redirects included, by Config.WebTimeout.
-// HTTP lookup answers are forwarded unchanged: they name the brokers' own
-// binary addresses (use the proxy's pulsar:// URL for the binary protocol).
+// HTTP lookup answers are forwarded unchanged, naming the brokers' own
+// binary addresses, unless the proxy has ports per broker
+// (Config.BrokerPortsListen): then they name those (broker_ports.go).
 
 // webBodyLimit bounds a request body the web port forwards (it is kept to
 // replay on redirects). Pulsar's admin bodies are small JSON documents.
@@ -59,9 +61,10 @@ func newWebProxy(srv *Server) (*webProxy, error) {
 	tr.DialContext = (&net.Dialer{Timeout: srv.cfg.ConnectTimeout}).DialContext
 	w.client = &http.Client{Transport: tr, Timeout: srv.cfg.WebTimeout, CheckRedirect: w.checkRedirect}
 	w.rp = &httputil.ReverseProxy{
-		Rewrite:      func(*httputil.ProxyRequest) {}, // the target is set by ServeHTTP
-		Transport:    roundTripFunc(w.roundTrip),
-		ErrorHandler: w.fail,
+		Rewrite:        func(*httputil.ProxyRequest) {}, // the target is set by ServeHTTP
+		Transport:      roundTripFunc(w.roundTrip),
+		ErrorHandler:   w.fail,
+		ModifyResponse: w.rewriteLookupAnswer,
 	}
 	return w, nil
 }
@@ -113,6 +116,11 @@ func (w *webProxy) roundTrip(r *http.Request) (*http.Response, error) {
 		out := r.Clone(r.Context())
 		out.URL.Scheme, out.URL.Host, out.Host = t.Scheme, t.Host, ""
 		out.RequestURI = ""
+		if w.rewritesLookups(r) {
+			// The answer is rewritten: let the transport ask for and undo
+			// any compression itself, so the body arrives as plain JSON.
+			out.Header.Del("Accept-Encoding")
+		}
 		if body != nil {
 			out.Body = io.NopCloser(bytes.NewReader(body))
 			out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
@@ -128,6 +136,38 @@ func (w *webProxy) roundTrip(r *http.Request) (*http.Response, error) {
 		}
 	}
 	return nil, lastErr
+}
+
+// rewritesLookups reports whether r is an HTTP lookup whose answer names
+// ports per broker (Config.BrokerPortsListen, broker_ports.go).
+func (w *webProxy) rewritesLookups(r *http.Request) bool {
+	return len(w.srv.brokerPorts) > 0 && strings.HasPrefix(r.URL.Path, "/lookup/")
+}
+
+// rewriteLookupAnswer is the ReverseProxy's ModifyResponse: a successful
+// HTTP lookup answer gets the proxy's per-broker ports as broker URLs. An
+// error makes the client's answer 502 (fail logs it).
+func (w *webProxy) rewriteLookupAnswer(resp *http.Response) error {
+	if resp.StatusCode != http.StatusOK || !w.rewritesLookups(resp.Request) {
+		return nil
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, lookupAnswerLimit+1))
+	resp.Body.Close()
+	if err != nil {
+		return fmt.Errorf("reading the lookup answer: %w", err)
+	}
+	if len(body) > lookupAnswerLimit {
+		return fmt.Errorf("lookup answer over %d bytes", lookupAnswerLimit)
+	}
+	out, err := w.srv.rewriteHTTPLookup(body)
+	if err != nil {
+		return err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(out))
+	resp.ContentLength = int64(len(out))
+	resp.Header.Set("Content-Length", strconv.Itoa(len(out)))
+	resp.Header.Del("Content-Encoding")
+	return nil
 }
 
 func (w *webProxy) fail(rw http.ResponseWriter, r *http.Request, err error) {

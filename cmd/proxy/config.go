@@ -27,6 +27,9 @@ type options struct {
 	brokerWebURLs  listValue
 	webListen      string
 	webTLSListen   string
+	brokerPorts    string
+	brokerPortsTLS string
+	advertisedHost string
 	webTimeout     time.Duration
 	// chunkLookEntries bounds the entries read back per look at a topic for a resuming
 	// chunking producer (0: no look); chunkLookToken is the admin API token file for it.
@@ -95,6 +98,9 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.webTLSListen, "web-tls-listen", "", "`host:port` of the web port over HTTPS (with --tls-cert, --tls-key, --tls-client-ca)")
 	fs.Var(&o.brokerWebURLs, "broker-web-url", "web service URL of the brokers, http://host:8080 (required with a web port; repeat or comma-separate; requests go to them round robin)")
 	fs.DurationVar(&o.webTimeout, "web-timeout", d.WebTimeout, "time allowed for one web request, broker redirects included")
+	fs.StringVar(&o.brokerPorts, "broker-ports-listen", "", "`host:port` from which the proxy listens on one port per --broker-url (port, port+1, ...; 0: any free ports), for clients whose service URL is the web port (http://): HTTP lookup answers then name the broker's port on the proxy, and a client connecting there is sent to that broker (needs --web-listen or --web-tls-listen)")
+	fs.StringVar(&o.brokerPortsTLS, "broker-ports-tls-listen", "", "`host:port`: the same over TLS (with --tls-cert, --tls-key, --tls-client-ca), named in HTTP lookup answers' brokerUrlTls, for https:// service URLs")
+	fs.StringVar(&o.advertisedHost, "advertised-host", "", "`host` that HTTP lookup answers name for the ports per broker (default: the host of --broker-ports-listen, which must then not be 0.0.0.0)")
 	fs.IntVar(&o.chunkLookEntries, "chunk-recovery-entries", 1000, "duplicate-chunk removal across proxy instances and restarts: when a producer that reconnected sends chunks, read up to this many of the topic's newest entries through --broker-web-url (admin API examinemessage) to learn which chunks are already stored before forwarding (0: do not look; without --broker-web-url there is no look)")
 	fs.StringVar(&o.chunkLookToken, "chunk-recovery-token-file", "", "`file` holding the token (JWT) the proxy sends to the admin API for those reads, for a role allowed to peek at the topics' messages (empty: none)")
 	fs.DurationVar(&o.handoffTimeout, "key-shared-handoff-timeout", d.HandoffTimeout, "managed Key_Shared subscriptions (buckets policy, manage_key_shared): how long a consumer giving up buckets in a rebalance may take to acknowledge what it was sent before the proxy closes it anyway (the broker then redelivers the rest to the buckets' next owner)")
@@ -316,6 +322,7 @@ func (o *options) proxyConfig() (proxy.Config, error) {
 	c.MaxConcurrentLookups, c.EventLoops, c.ReadBufferCap = o.maxLookups, o.eventLoops, int(o.readBuffer)
 	c.TLSListen, c.TLSCertFile, c.TLSKeyFile, c.TLSClientCAFile = o.tlsListen, o.tlsCert, o.tlsKey, o.tlsClientCA
 	c.WebListen, c.WebTLSListen, c.BrokerWebURLs, c.WebTimeout = o.webListen, o.webTLSListen, o.brokerWebURLs, o.webTimeout
+	c.BrokerPortsListen, c.BrokerPortsTLSListen, c.AdvertisedHost = o.brokerPorts, o.brokerPortsTLS, o.advertisedHost
 	c.HandoffTimeout, c.KeySharedAwayTimeout = o.handoffTimeout, o.ksAwayTimeout
 	c.MaxLookupRedirects, c.LookupTimeout, c.MaxConnectionLookups = o.maxRedirects, o.lookupTimeout, o.maxConnLookups
 	return c, c.Validate()
