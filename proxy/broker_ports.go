@@ -167,22 +167,12 @@ func (s *Server) rewriteHTTPLookup(body []byte) ([]byte, error) {
 		}
 		return v
 	}
-	addr := func(u string) string {
-		if u == "" {
-			return ""
-		}
-		a, err := BrokerAddress(u)
-		if err != nil {
-			return ""
-		}
-		return a
-	}
-	plain, tlsAddr := addr(str("brokerUrl")), addr(str("brokerUrlTls"))
+	plain, tlsAddr := addrOf(str("brokerUrl")), addrOf(str("brokerUrlTls"))
 	if plain == "" && tlsAddr == "" {
 		return nil, fmt.Errorf("answer names no broker URL: %s", body)
 	}
 	set := func(k string, wantTLS bool) error {
-		if _, present := m[k]; !present && k != "brokerUrl" {
+		if _, present := m[k]; !present {
 			return nil
 		}
 		u, known := s.portURL(plain, tlsAddr, wantTLS)
