@@ -122,3 +122,29 @@ func TestBrokerPortsConfigIsValidated(t *testing.T) {
 		})
 	}
 }
+
+// Given a proxy with ports per broker,
+// when a client's CONNECT on broker A's port names another address in proxy_to_broker_url,
+// then the allow-list still decides (DESIGN contract 6): ERROR(ServiceNotReady) and the
+// connection closed, and A is not dialled.
+func TestBrokerPortStillRefusesUnknownTargets(t *testing.T) {
+	a := newFakeBroker(t)
+	ws := lookupWeb(t, a.addr(), "")
+	srv, _, _ := startProxy(t, []string{a.addr()}, func(c *Config) {
+		c.WebListen, c.BrokerWebURLs, c.BrokerPortsListen = "127.0.0.1:0", []string{ws.URL}, "127.0.0.1:0"
+	})
+	c := dial(t, strings.TrimPrefix(srv.BrokerPorts()[a.addr()], "pulsar://"))
+
+	send(t, c, frame(t, connectCmd("10.255.255.1:6650")))
+
+	cmd, _ := expect(t, c, pulsarpb.BaseCommand_ERROR)
+	if cmd.GetError().GetError() != pulsarpb.ServerError_ServiceNotReady {
+		t.Errorf("got %v", cmd.GetError())
+	}
+	expectClosed(t, c)
+	select {
+	case <-a.conns:
+		t.Error("proxy connected to broker A for a refused target")
+	default:
+	}
+}
