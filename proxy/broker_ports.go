@@ -153,8 +153,15 @@ func (s *Server) portURL(plain, tlsAddr string, wantTLS bool) (url string, ok bo
 }
 
 // rewriteHTTPLookup rewrites an HTTP lookup answer (LookupData: brokerUrl,
-// brokerUrlTls, nativeUrl, httpUrl, httpUrlTls; other fields kept) so that
-// its broker URLs name the broker's ports on the proxy.
+// brokerUrlTls, nativeUrl, httpUrl, httpUrlTls, brokerUrlSsl; other fields
+// kept) so that its broker URLs name the broker's ports on the proxy.
+//
+// brokerUrl and brokerUrlTls are set whenever the proxy has a port of that
+// kind, present in the answer or not: a plaintext broker omits brokerUrlTls
+// (it sends only the legacy, always empty brokerUrlSsl), yet the proxy may
+// offer TLS to clients in front of it. nativeUrl is rewritten only when
+// present. brokerUrlSsl is left as the broker sent it (Pulsar always sends
+// "", which old C++ clients require to be present).
 func (s *Server) rewriteHTTPLookup(body []byte) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(body, &m); err != nil {
@@ -171,28 +178,21 @@ func (s *Server) rewriteHTTPLookup(body []byte) ([]byte, error) {
 	if plain == "" && tlsAddr == "" {
 		return nil, fmt.Errorf("answer names no broker URL: %s", body)
 	}
-	set := func(k string, wantTLS bool) error {
-		if _, present := m[k]; !present {
-			return nil
-		}
-		u, known := s.portURL(plain, tlsAddr, wantTLS)
-		if !known {
-			return fmt.Errorf("%w: %s / %s (it gets one when broker-url names it so)", ErrUnmappedBroker, str("brokerUrl"), str("brokerUrlTls"))
-		}
-		if u == "" {
-			delete(m, k)
-			return nil
-		}
-		raw, _ := json.Marshal(u)
-		m[k] = raw
-		return nil
-	}
 	for _, f := range []struct {
-		key string
-		tls bool
-	}{{"brokerUrl", false}, {"nativeUrl", false}, {"brokerUrlTls", true}} {
-		if err := set(f.key, f.tls); err != nil {
-			return nil, err
+		key          string
+		tls, ifThere bool
+	}{{"brokerUrl", false, false}, {"nativeUrl", false, true}, {"brokerUrlTls", true, false}} {
+		u, known := s.portURL(plain, tlsAddr, f.tls)
+		if !known {
+			return nil, fmt.Errorf("%w: %s / %s (it gets one when broker-url names it so)", ErrUnmappedBroker, str("brokerUrl"), str("brokerUrlTls"))
+		}
+		_, present := m[f.key]
+		switch {
+		case u == "":
+			delete(m, f.key)
+		case present || !f.ifThere:
+			raw, _ := json.Marshal(u)
+			m[f.key] = raw
 		}
 	}
 	return json.Marshal(m)

@@ -98,6 +98,24 @@ func TestHTTPLookupRewritesTheTLSURLToTheTLSPort(t *testing.T) {
 	}
 }
 
+// Given ports per broker of both kinds in front of a plaintext broker,
+// when its lookup answer comes as Pulsar 4.0 sends it (no brokerUrlTls, the legacy
+// brokerUrlSsl empty),
+// then brokerUrlTls is added naming the broker's TLS port, and brokerUrlSsl is kept.
+func TestHTTPLookupAddsTheTLSURLAPlaintextBrokerOmits(t *testing.T) {
+	srv := &Server{brokerPorts: []*brokerPort{
+		{broker: "127.0.0.1:6650", url: "pulsar://localhost:7000"},
+		{broker: "127.0.0.1:6650", tls: true, url: "pulsar+ssl://localhost:7100"},
+	}}
+
+	out, err := srv.rewriteHTTPLookup([]byte(`{"brokerUrl":"pulsar://127.0.0.1:6650","httpUrl":"http://127.0.0.1:8080","nativeUrl":"pulsar://127.0.0.1:6650","brokerUrlSsl":""}`))
+
+	want := `{"brokerUrl":"pulsar://localhost:7000","brokerUrlSsl":"","brokerUrlTls":"pulsar+ssl://localhost:7100","httpUrl":"http://127.0.0.1:8080","nativeUrl":"pulsar://localhost:7000"}`
+	if err != nil || string(out) != want {
+		t.Fatalf("got  %s %v\nwant %s", out, err, want)
+	}
+}
+
 func TestBrokerPortsConfigIsValidated(t *testing.T) {
 	for _, tc := range []struct {
 		name string

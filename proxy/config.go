@@ -234,8 +234,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("key-shared-handoff-timeout: must be > 0")
 	case c.KeySharedAwayTimeout <= 0:
 		return fmt.Errorf("key-shared-away-timeout: must be > 0")
-	case !c.BrokerTLS && (c.BrokerTLSTrustCertsFile != "" || c.BrokerTLSCertFile != ""):
-		return fmt.Errorf("broker-tls-trust-certs / broker-tls-cert: given without pulsar+ssl:// broker URLs")
+	case !c.BrokerTLS && !c.httpsBrokerWeb() && (c.BrokerTLSTrustCertsFile != "" || c.BrokerTLSCertFile != ""):
+		return fmt.Errorf("broker-tls-trust-certs / broker-tls-cert: given without pulsar+ssl:// broker URLs or https:// broker web URLs")
 	case (c.BrokerTLSCertFile == "") != (c.BrokerTLSKeyFile == ""):
 		return fmt.Errorf("broker-tls-cert and broker-tls-key go together")
 	}
@@ -253,6 +253,17 @@ func (c *Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// httpsBrokerWeb reports whether some broker web URL is https:// (the
+// broker TLS settings apply to it).
+func (c *Config) httpsBrokerWeb() bool {
+	for _, u := range c.BrokerWebURLs {
+		if strings.HasPrefix(u, "https://") {
+			return true
+		}
+	}
+	return false
 }
 
 // BrokerAddress turns a Pulsar service URL ("pulsar://host:port", "pulsar+ssl://host:port", or

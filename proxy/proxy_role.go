@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"google.golang.org/protobuf/proto"
 
@@ -66,8 +67,15 @@ func (a *BrokerClientAuth) validate(c *Config) error {
 	default:
 		return fmt.Errorf("broker-client-auth: method %q: want tls or token:FILE", a.Method)
 	}
-	if c.TLSListen == "" || c.TLSClientCAFile == "" {
-		return fmt.Errorf("broker-client-auth: needs tls-listen and tls-client-ca (it authenticates clients by their verified TLS certificates)")
+	if (c.TLSListen == "" && c.WebTLSListen == "") || c.TLSClientCAFile == "" {
+		return fmt.Errorf("broker-client-auth: needs tls-listen or web-tls-listen, and tls-client-ca (it authenticates clients by their verified TLS certificates)")
+	}
+	if a.Method == authMethodTLS && c.WebTLSListen != "" {
+		for _, u := range c.BrokerWebURLs {
+			if !strings.HasPrefix(u, "https://") {
+				return fmt.Errorf("broker-client-auth tls with web-tls-listen: broker-web-url %q must be https:// (the proxy's certificate is its credential there too)", u)
+			}
+		}
 	}
 	return nil
 }

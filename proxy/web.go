@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -45,7 +46,10 @@ type webProxy struct {
 	targets []*url.URL
 	rr      atomic.Uint32
 	client  *http.Client
-	rp      *httputil.ReverseProxy
+	// roleClient presents the proxy's certificate (web_auth.go); nil unless the proxy's
+	// credential towards the brokers is its certificate.
+	roleClient *http.Client
+	rp         *httputil.ReverseProxy
 }
 
 func newWebProxy(srv *Server) (*webProxy, error) {
@@ -57,9 +61,14 @@ func newWebProxy(srv *Server) (*webProxy, error) {
 		}
 		w.targets = append(w.targets, pu)
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.DialContext = (&net.Dialer{Timeout: srv.cfg.ConnectTimeout}).DialContext
-	w.client = &http.Client{Transport: tr, Timeout: srv.cfg.WebTimeout, CheckRedirect: w.checkRedirect}
+	plain, role, err := w.webTransports()
+	if err != nil {
+		return nil, err
+	}
+	w.client = &http.Client{Transport: plain, Timeout: srv.cfg.WebTimeout, CheckRedirect: w.checkRedirect}
+	if role != nil {
+		w.roleClient = &http.Client{Transport: role, Timeout: srv.cfg.WebTimeout, CheckRedirect: w.checkRedirect}
+	}
 	w.rp = &httputil.ReverseProxy{
 		Rewrite:        func(*httputil.ProxyRequest) {}, // the target is set by ServeHTTP
 		Transport:      roundTripFunc(w.roundTrip),
@@ -76,6 +85,8 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 // errRedirectRefused means a broker redirected to a host the proxy does not
 // know, or too many times; another broker would answer the same.
 var errRedirectRefused = errors.New("redirect not followed")
+
+func (w *webProxy) dialer() *net.Dialer { return &net.Dialer{Timeout: w.srv.cfg.ConnectTimeout} }
 
 func (w *webProxy) checkRedirect(req *http.Request, via []*http.Request) error {
 	if len(via) > max(1, w.srv.cfg.MaxLookupRedirects) {
@@ -126,7 +137,7 @@ func (w *webProxy) roundTrip(r *http.Request) (*http.Response, error) {
 			out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 			out.ContentLength = int64(len(body))
 		}
-		resp, err := w.client.Do(out)
+		resp, err := w.clientFor(r).Do(out)
 		if err == nil {
 			return resp, nil
 		}
@@ -192,6 +203,10 @@ func (w *webProxy) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		http.Error(rw, fmt.Sprintf("proxy: request body over %d bytes", webBodyLimit), http.StatusRequestEntityTooLarge)
 		return
 	}
+	r, ok = w.authorize(rw, r)
+	if !ok {
+		return
+	}
 	r.Body = http.MaxBytesReader(rw, r.Body, webBodyLimit)
 	w.srv.m.web[webForwarded].Add(1)
 	w.rp.ServeHTTP(rw, r)
@@ -215,7 +230,10 @@ func (s *Server) serveWeb() error {
 		if tc != nil {
 			ln = tls.NewListener(ln, tc)
 		}
-		hs := &http.Server{Handler: wp, ReadHeaderTimeout: s.cfg.HandshakeTimeout, ErrorLog: nil}
+		// net/http's own errors (refused TLS handshakes: no, an untrusted or an
+		// expired client certificate; malformed requests) go to the proxy's log.
+		hs := &http.Server{Handler: wp, ReadHeaderTimeout: s.cfg.HandshakeTimeout,
+			ErrorLog: slog.NewLogLogger(s.log.With("listener", "web").Handler(), slog.LevelWarn)}
 		s.webServers = append(s.webServers, hs)
 		s.webAddrs = append(s.webAddrs, ln.Addr().String())
 		go func() { _ = hs.Serve(ln) }()

@@ -49,6 +49,8 @@ var columns = []column{
 	{"tls", "TLS, both hops", ""},
 	{"cert-good", "TLS client certificate (proxy role)", ""},
 	{"cert-bad", "untrusted certificate refused", ""},
+	{"http", "http:// service URL (HTTP lookup)", ""},
+	{"https", "https:// service URL (HTTPS lookup, TLS)", ""},
 }
 
 func columnByID(id string) column {
@@ -474,7 +476,7 @@ func runRows(ctx context.Context, t *testing.T, all []*drivers.Driver, cols []co
 // that uses the token broker, the redirected lookup and TLS at the same time, then the
 // subscription group, whose idle consumers are timing-sensitive, then the certificate cells.
 func runDriver(ctx context.Context, r *row, e *env) {
-	runGroups(ctx, r, e, produceConsume(0), produceConsume(3), schemaNack, tokenGroup, redirected, overTLS)
+	runGroups(ctx, r, e, produceConsume(0), produceConsume(3), schemaNack, tokenGroup, redirected, overTLS, httpLookup)
 	subscriptions(ctx, r, e)
 	// Last and alone: on two cores, three more client processes per driver next to the groups
 	// above (broker C's cells) made JVM clients miss their timeouts there.

@@ -44,6 +44,9 @@ type Broker struct {
 	TokenSecretFile string
 	// ServiceURLTLS is pulsar+ssl://host:port of a broker started with Options.TLS ("" otherwise).
 	ServiceURLTLS string
+	// AdminURLTLS is https://localhost:port, the HTTPS web port of a broker started with
+	// Options.TLS ("" otherwise).
+	AdminURLTLS string
 
 	instance string // pulsar.sh instance name; empty for a broker we did not start
 	env      []string
@@ -206,7 +209,11 @@ func StartBroker(opts Options) (*Broker, error) {
 		if err != nil {
 			return nil, err
 		}
-		env = append(env, "PULSAR_TLS_PORT="+strconv.Itoa(tlsPort), "PULSAR_TLS_CERT="+opts.TLS.Cert,
+		webTLSPort, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		env = append(env, "PULSAR_TLS_PORT="+strconv.Itoa(tlsPort), "PULSAR_WEB_TLS_PORT="+strconv.Itoa(webTLSPort), "PULSAR_TLS_CERT="+opts.TLS.Cert,
 			"PULSAR_TLS_KEY="+opts.TLS.Key, "PULSAR_TLS_CA="+opts.TLS.CA,
 			"PULSAR_TLS_REQUIRE_CLIENT_CERT="+strconv.FormatBool(opts.TLS.RequireClientCert))
 	}
@@ -237,7 +244,7 @@ func StartBroker(opts Options) (*Broker, error) {
 		return nil, err
 	}
 	b.ServiceURL, b.AdminURL = vars["PULSAR_SERVICE_URL"], vars["PULSAR_ADMIN_URL"]
-	b.ServiceURLTLS = vars["PULSAR_SERVICE_URL_TLS"]
+	b.ServiceURLTLS, b.AdminURLTLS = vars["PULSAR_SERVICE_URL_TLS"], vars["PULSAR_ADMIN_URL_TLS"]
 	b.TokenSecretFile = vars["PULSAR_TOKEN_SECRET_FILE"]
 	if f := vars["PULSAR_ADMIN_TOKEN_FILE"]; f != "" {
 		tok, err := os.ReadFile(f)

@@ -28,6 +28,8 @@
 #   PULSAR_TLS_PORT      when set, also a TLS binary port on 127.0.0.1 (brokerServicePortTls), with
 #   PULSAR_TLS_CERT, PULSAR_TLS_KEY  its PEM certificate and key (made by the caller at test time)
 #   PULSAR_TLS_CA        PEM CA file the broker trusts (tlsTrustCertsFilePath) [none]
+#   PULSAR_WEB_TLS_PORT  with PULSAR_TLS_PORT, also an HTTPS admin/HTTP port on 127.0.0.1
+#                        (webServicePortTls), same certificate [none]
 #   PULSAR_TLS_REQUIRE_CLIENT_CERT  true|false: tlsRequireTrustedClientCertOnConnect [false]
 #   PULSAR_HEAP          JVM heap, at most 1g by design [1g]
 #   PULSAR_READY_TIMEOUT seconds to wait for readiness [180]
@@ -56,6 +58,7 @@ PULSAR_TLS_PORT=${PULSAR_TLS_PORT:-}
 PULSAR_TLS_CERT=${PULSAR_TLS_CERT:-}
 PULSAR_TLS_KEY=${PULSAR_TLS_KEY:-}
 PULSAR_TLS_CA=${PULSAR_TLS_CA:-}
+PULSAR_WEB_TLS_PORT=${PULSAR_WEB_TLS_PORT:-}
 PULSAR_TLS_REQUIRE_CLIENT_CERT=${PULSAR_TLS_REQUIRE_CLIENT_CERT:-false}
 PULSAR_READY_TIMEOUT=${PULSAR_READY_TIMEOUT:-180}
 PULSAR_EXTRA_CONF=${PULSAR_EXTRA_CONF:-}
@@ -198,6 +201,9 @@ tlsKeyFilePath=$PULSAR_TLS_KEY
 tlsTrustCertsFilePath=$PULSAR_TLS_CA
 tlsRequireTrustedClientCertOnConnect=$PULSAR_TLS_REQUIRE_CLIENT_CERT
 EOF
+    if [ -n "$PULSAR_WEB_TLS_PORT" ]; then echo "webServicePortTls=$PULSAR_WEB_TLS_PORT" >>"$conf"; fi
+  elif [ -n "$PULSAR_WEB_TLS_PORT" ]; then
+    die "PULSAR_WEB_TLS_PORT needs PULSAR_TLS_PORT (and its certificate files)"
   fi
   if [ -n "$PULSAR_EXTRA_CONF" ]; then printf '%s\n' "$PULSAR_EXTRA_CONF" >>"$conf"; fi
   echo "$conf"
@@ -291,6 +297,7 @@ cmd_env() {
   echo "PULSAR_SERVICE_URL=pulsar://127.0.0.1:$PULSAR_BROKER_PORT"
   echo "PULSAR_ADMIN_URL=$web"
   if [ -n "$PULSAR_TLS_PORT" ]; then echo "PULSAR_SERVICE_URL_TLS=pulsar+ssl://127.0.0.1:$PULSAR_TLS_PORT"; fi
+  if [ -n "$PULSAR_WEB_TLS_PORT" ]; then echo "PULSAR_ADMIN_URL_TLS=https://localhost:$PULSAR_WEB_TLS_PORT"; fi
   if [ -f "$run/admin.token" ]; then echo "PULSAR_ADMIN_TOKEN_FILE=$run/admin.token"; fi
   if [ -f "$run/secret.key" ]; then echo "PULSAR_TOKEN_SECRET_FILE=$run/secret.key"; fi
   echo "PULSAR_HOME=$dist"
