@@ -83,6 +83,7 @@ func main() {
 	only := flag.String("only", "", "run only workloads whose name contains this")
 	cpuprofile := flag.String("proxy-cpuprofile", "", "write our proxy's CPU profile (whole run) to this file")
 	flag.IntVar(&brokerPID, "broker-pid", 0, "the broker's pid, to report its CPU time per run too (0: not reported)")
+	flag.Var(&oursEnv, "proxy-env", "`KEY=VALUE` added to our proxy's environment (not the baseline's), e.g. GOMAXPROCS=1; repeatable")
 	readBuf := flag.Int("proxy-read-buffer", 0, "our proxy's ReadBufferCap in bytes (0: its default)")
 	baseline := flag.String("baseline", "", "another build of this command (say, of the previous commit) whose proxy is measured too, as target \"base\", to compare a change within one run")
 	tlsMode := flag.Bool("tls", false, "TLS on every hop: start a private broker with a TLS port (certificates made now), connect directly over TLS, and run both proxies with a TLS listener speaking TLS to the broker (-broker and -broker-web are then ignored)")
@@ -106,7 +107,7 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
-	ours, err := startOurs(self, "ours", addr, *cpuprofile, *readBuf)
+	ours, err := startOurs(self, "ours", addr, *cpuprofile, *readBuf, oursEnv...)
 	if err != nil {
 		fail(fmt.Errorf("our proxy: %w", err))
 	}
@@ -436,12 +437,28 @@ func (p *process) stop() {
 	})
 }
 
+// envList is a repeatable KEY=VALUE flag.
+type envList []string
+
+func (l *envList) String() string { return strings.Join(*l, " ") }
+func (l *envList) Set(v string) error {
+	if !strings.Contains(v, "=") {
+		return fmt.Errorf("%q: want KEY=VALUE", v)
+	}
+	*l = append(*l, v)
+	return nil
+}
+
+// oursEnv is -proxy-env.
+var oursEnv envList
+
 // startOurs runs exe (this binary, or a baseline build of it) as our proxy in front of broker
 // addr and waits for the address it prints.
-func startOurs(exe, name, brokerAddr, cpuprofile string, readBuf int) (*process, error) {
+func startOurs(exe, name, brokerAddr, cpuprofile string, readBuf int, env ...string) (*process, error) {
 	cmd := exec.Command(exe)
 	cmd.Env = append(os.Environ(), childEnv+"="+brokerAddr, "REBATCHPROXY_BENCH_CPUPROFILE="+cpuprofile,
 		"REBATCHPROXY_BENCH_READBUF="+strconv.Itoa(readBuf))
+	cmd.Env = append(cmd.Env, env...)
 	if tlsFiles != nil {
 		cmd.Env = append(cmd.Env, tlsEnv+"="+tlsFiles.dir)
 	}
