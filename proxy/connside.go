@@ -97,7 +97,7 @@ type connSide struct {
 	mu       sync.Mutex
 	cond     *sync.Cond
 	parked   bool   // the reader waits before its next read
-	out      []byte // written by the session, not yet taken by the writer
+	out      outQueue // written by the session, not yet taken by the writer
 	writing  int    // bytes the writer is writing now
 	closing  bool   // the writer flushes, then closes c
 	writeErr error
@@ -117,21 +117,41 @@ func newConnSide(l executor, e *end, c net.Conn) *connSide {
 	return k
 }
 
+// readAhead is how many read buffers a connSide's reader may hold: it reads
+// into one while the session handles what it read into the other, so that
+// reading (and TLS decryption) overlaps the session's work instead of
+// waiting for it.
+const readAhead = 2
+
 func (k *connSide) reader() {
-	buf := make([]byte, connReadChunk)
-	handed := make(chan struct{}, 1)
+	// free holds the buffers the reader may read into. The session gives one
+	// back for every buffer it is handed (input), so the reader waits only
+	// while every buffer is with the session. The session's send never
+	// blocks: free has room for more buffers than ever circulate.
+	free := make(chan []byte, 2*readAhead)
+	for range readAhead {
+		free <- make([]byte, connReadChunk)
+	}
 	for {
 		k.mu.Lock()
 		for k.parked && !k.closing {
 			k.cond.Wait()
 		}
 		k.mu.Unlock()
+		buf := <-free
 		n, err := k.c.Read(buf)
 		if n > 0 {
-			if k.l.run(func() { buf = k.input(buf[:n]); handed <- struct{}{} }) != nil {
+			b := buf[:n]
+			if k.l.run(func() {
+				select {
+				case free <- k.input(b):
+				default: // more buffers than the reader needs: let this one go
+				}
+			}) != nil {
 				return
 			}
-			<-handed // buf is the session's until its task ran; it gives one back
+		} else {
+			free <- buf
 		}
 		if err != nil {
 			_ = k.l.run(func() { k.finish(err) })
@@ -190,30 +210,33 @@ func (k *connSide) handle() {
 }
 
 func (k *connSide) writer() {
-	var b []byte
+	var chunks [][]byte
+	var scratch net.Buffers
 	for {
 		k.mu.Lock()
-		for len(k.out) == 0 && !k.closing {
+		for k.out.n == 0 && !k.closing {
 			k.cond.Wait()
 		}
-		if len(k.out) == 0 { // closing, everything written
+		if k.out.n == 0 { // closing, everything written
 			k.mu.Unlock()
 			_ = k.c.Close() // the reader's Read fails: it reports the close to the loop
 			return
 		}
-		b, k.out = k.out, b[:0]
-		k.writing = len(b)
+		k.writing = k.out.n
+		chunks = k.out.take(chunks)
 		closing := k.closing
 		k.mu.Unlock()
 		if closing {
 			_ = k.c.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
 		}
-		_, err := k.c.Write(b)
+		var err error
+		_, scratch, err = writeChunks(k.c, chunks, scratch)
+		releaseChunks(chunks)
 		k.mu.Lock()
 		k.writing = 0
 		if err != nil {
 			k.writeErr = err
-			k.out = nil
+			k.out.drop()
 			k.closing = true
 		}
 		k.mu.Unlock()
@@ -251,7 +274,7 @@ func (k *connSide) Write(b []byte) (int, error) {
 	if k.closing {
 		return 0, net.ErrClosed
 	}
-	k.out = append(k.out, b...)
+	k.out.append(b)
 	k.cond.Broadcast()
 	return len(b), nil
 }
@@ -260,7 +283,7 @@ func (k *connSide) Write(b []byte) (int, error) {
 func (k *connSide) OutboundBuffered() int {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return len(k.out) + k.writing
+	return k.out.n + k.writing
 }
 
 // Close implements side: what is queued is written (bounded by
