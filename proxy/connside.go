@@ -96,10 +96,10 @@ type connSide struct {
 
 	mu       sync.Mutex
 	cond     *sync.Cond
-	parked   bool   // the reader waits before its next read
+	parked   bool     // the reader waits before its next read
 	out      outQueue // written by the session, not yet taken by the writer
-	writing  int    // bytes the writer is writing now
-	closing  bool   // the writer flushes, then closes c
+	writing  int      // bytes the writer is writing now
+	closing  bool     // the writer flushes, then closes c
 	writeErr error
 }
 
