@@ -164,7 +164,7 @@ func main() {
 	}
 
 	fmt.Printf("\nengine in process (one goroutine, unbatched %d-byte sends, split/merge/receipts):\n", *size)
-	for _, k := range []rebatch.Kind{rebatch.Coalesce, rebatch.Properties} {
+	for _, k := range []rebatch.Kind{rebatch.Coalesce, rebatch.Properties, rebatch.Buckets} {
 		rate, perEntry := engineRate(k)
 		fmt.Printf("  %-10s %10.0f messages/s  (%.0f messages/entry)\n", k, rate, perEntry)
 	}
@@ -180,8 +180,11 @@ func mergedPolicy() rebatch.Policy {
 
 func policyFor(k rebatch.Kind) rebatch.Policy {
 	p := rebatch.Policy{Kind: k, MaxDelay: *maxDelay, MaxMessages: *maxMsgs}
-	if k == rebatch.Properties {
+	switch k {
+	case rebatch.Properties:
 		p.Restricted = map[string][]string{"region": {"us", "eu"}}
+	case rebatch.Buckets:
+		p.Buckets = 4 // the engine's rate only: 100 keys over 4 buckets
 	}
 	return p
 }
@@ -376,6 +379,9 @@ func engineRate(k rebatch.Kind) (float64, float64) {
 		seq := uint64(i)
 		md := &pulsarpb.MessageMetadata{ProducerName: ptr("bench"), SequenceId: &seq, PublishTime: &now,
 			Properties: []*pulsarpb.KeyValue{{Key: ptr("region"), Value: ptr(region(int64(i)))}}}
+		if k == rebatch.Buckets {
+			md.PartitionKey = ptr(fmt.Sprintf("k%d", i%100))
+		}
 		f, err := wire.AppendSendFrameMetadata(nil, &wire.Send{ProducerID: 1, SequenceID: seq}, md, payload)
 		if err != nil {
 			fail(err)
@@ -396,6 +402,27 @@ func engineRate(k rebatch.Kind) (float64, float64) {
 		if err != nil {
 			fail(err)
 		}
+		if k == rebatch.Buckets {
+			// One broker producer per bucket, opened as the proxy opens them (PRODUCER, then
+			// PRODUCER_SUCCESS for each).
+			next := uint64(1000)
+			if err := p.OpenLanes("persistent://public/default/bench", nil, func() uint64 { next++; return next }, &out); err != nil {
+				fail(err)
+			}
+			for b := out.Broker; len(b) > 0; {
+				f, n, err := wire.ReadFrame(b, 5<<20)
+				if err != nil {
+					fail(err)
+				}
+				b = b[n:]
+				var cmd pulsarpb.BaseCommand
+				if err := wire.DecodeCommand(f, &cmd); err != nil {
+					fail(err)
+				}
+				p.LaneOpened(cmd.GetProducer().GetRequestId(), -1)
+			}
+			out.Broker = out.Broker[:0]
+		}
 		receipts := 0
 		ledgerEntry := uint64(0)
 		ack := func() {
@@ -414,7 +441,7 @@ func engineRate(k rebatch.Kind) (float64, float64) {
 				}
 				built++
 				ledgerEntry++
-				if err := p.Receipt(wire.SendReceipt{ProducerID: 1, SequenceID: s.SequenceID, HighestSequenceID: s.HighestSequenceID,
+				if err := p.Receipt(wire.SendReceipt{ProducerID: s.ProducerID, SequenceID: s.SequenceID, HighestSequenceID: s.HighestSequenceID,
 					HasMessageID: true, LedgerID: 1, EntryID: ledgerEntry}, &out); err != nil {
 					fail(err)
 				}
