@@ -90,6 +90,9 @@ type SendMetadata struct {
 	b64, nullValue, nullPK     bool
 	hasB64, hasNull, hasNullPK bool
 	properties                 int // occurrences of properties
+	// propLo and propHi span the property fields in raw (first start, last end);
+	// smmPropBytes is what they take once written as SingleMessageMetadata fields.
+	propLo, propHi, smmPropBytes int
 }
 
 // ParseSendMetadata reads the encoded MessageMetadata b (Frame.Metadata) into m, replacing its
@@ -109,7 +112,13 @@ func ParseSendMetadata(b []byte, m *SendMetadata) error {
 				if !wellFormed(f.B) {
 					return ErrMalformedMetadata
 				}
+				at := len(b) - len(rest)
+				if m.properties == 0 {
+					m.propLo = at - n
+				}
 				m.properties++
+				m.propHi = at
+				m.smmPropBytes += 1 + uvarintLen(uint64(len(f.B))) + len(f.B) // tag of field 1, length, bytes
 			case mdPartitionKey:
 				m.partitionKey, m.hasPartitionKey = f.B, true
 			case mdOrderingKey:
@@ -189,7 +198,7 @@ func packedVarints(b []byte) bool {
 // not allocate when dst has room.
 func (m *SendMetadata) AppendSingleMetadata(dst []byte, payloadSize int) []byte {
 	if m.properties > 0 {
-		for rest := m.raw; len(rest) > 0; {
+		for rest := m.raw[m.propLo:m.propHi]; len(rest) > 0; {
 			f, n := pbscan.Next(rest)
 			rest = rest[n:]
 			if f.Num == mdProperties && f.WireType == pbscan.Bytes {
@@ -243,7 +252,8 @@ func (m *SendMetadata) SingleMeta(smm []byte, payloadSize int) batch.SingleMeta 
 	if m.hasEventTime {
 		f.EventTime = m.eventTime
 	}
-	return batch.SingleMetaOf(smm, f)
+	// AppendSingleMetadata writes the properties first.
+	return batch.SingleMetaOf(smm, f).WithPropertiesSpan(0, m.smmPropBytes)
 }
 
 func appendVarintField(dst []byte, num, v uint64) []byte {

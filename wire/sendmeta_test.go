@@ -97,7 +97,8 @@ func sameSingleMeta(a, b batch.SingleMeta) bool {
 	return a.PayloadSize == b.PayloadSize && a.HasPartitionKey == b.HasPartitionKey && bytes.Equal(a.PartitionKey, b.PartitionKey) &&
 		a.PartitionKeyB64Encoded == b.PartitionKeyB64Encoded && a.HasOrderingKey == b.HasOrderingKey && bytes.Equal(a.OrderingKey, b.OrderingKey) &&
 		a.EventTime == b.EventTime && a.SequenceID == b.SequenceID && a.HasSequenceID == b.HasSequenceID && a.CompactedOut == b.CompactedOut &&
-		a.NullValue == b.NullValue && a.NullPartitionKey == b.NullPartitionKey && a.NumProperties == b.NumProperties
+		a.NullValue == b.NullValue && a.NullPartitionKey == b.NullPartitionKey && a.NumProperties == b.NumProperties &&
+		bytes.Equal(a.PropertiesRaw(), b.PropertiesRaw())
 }
 
 func TestSendMetadataAgreesWithTheRuntime(t *testing.T) {

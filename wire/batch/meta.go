@@ -22,6 +22,9 @@ type SingleMeta struct {
 	NullValue              bool
 	NullPartitionKey       bool
 	NumProperties          int
+	// propsLo and propsHi span the property fields in raw, from the first's
+	// start to the last's end (PropertiesRaw).
+	propsLo, propsHi int
 }
 
 // Field numbers of SingleMessageMetadata (see pulsar_api.proto).
@@ -73,7 +76,11 @@ func ParseSingleMeta(b []byte) (SingleMeta, error) {
 		case pbscan.Bytes:
 			switch f.Num {
 			case smmProperties:
+				if m.NumProperties == 0 {
+					m.propsLo = i - n
+				}
 				m.NumProperties++
+				m.propsHi = i
 			case smmPartitionKey:
 				m.PartitionKey, m.HasPartitionKey = f.B, true
 			case smmOrderingKey:
@@ -95,6 +102,18 @@ func SingleMetaOf(raw []byte, fields SingleMeta) SingleMeta {
 	fields.raw = raw
 	return fields
 }
+
+// WithPropertiesSpan returns m with its property fields said to span raw[lo:hi] (see
+// PropertiesRaw), for a caller of SingleMetaOf that wrote them there.
+func (m SingleMeta) WithPropertiesSpan(lo, hi int) SingleMeta {
+	m.propsLo, m.propsHi = lo, hi
+	return m
+}
+
+// PropertiesRaw returns the encoded bytes from the first property field to the end of the last
+// (empty without properties). Two messages whose PropertiesRaw are equal have the same
+// properties in the same order, so a caller may key what it derives from the properties on it.
+func (m SingleMeta) PropertiesRaw() []byte { return m.raw[m.propsLo:m.propsHi] }
 
 // Key returns the key Key_Shared routing hashes for this message: the
 // ordering key when set, else the partition key (still base64 text when
