@@ -63,6 +63,20 @@ func Uvarint(b []byte) (v uint64, n int) {
 // or 0 when b is malformed (truncated, field number 0 or above 2^29-1, a stray end-group,
 // an unterminated group). For a group, B holds its contents.
 func Next(b []byte) (Field, int) {
+	// The common case first: a one-byte key with a one-byte value or length (small ids,
+	// flags, short strings), decoded without the general path's varint loops.
+	if len(b) >= 2 && b[0] < 0x80 && b[1] < 0x80 && b[0]>>3 != 0 {
+		num, wt := uint64(b[0]>>3), uint64(b[0]&7)
+		switch wt {
+		case Varint:
+			return Field{Num: num, WireType: wt, V: uint64(b[1])}, 2
+		case Bytes:
+			if l := int(b[1]); l <= len(b)-2 {
+				return Field{Num: num, WireType: wt, B: b[2 : 2+l]}, 2 + l
+			}
+			return Field{}, 0
+		}
+	}
 	key, n := Uvarint(b)
 	if n == 0 || key>>3 == 0 || key>>3 > maxFieldNumber {
 		return Field{}, 0
