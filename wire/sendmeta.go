@@ -253,7 +253,7 @@ func (m *SendMetadata) SingleMeta(smm []byte, payloadSize int) batch.SingleMeta 
 		f.EventTime = m.eventTime
 	}
 	// AppendSingleMetadata writes the properties first.
-	return batch.SingleMetaOf(smm, f).WithPropertiesSpan(0, m.smmPropBytes)
+	return batch.SingleMetaOf(smm, m.smmPropBytes, f)
 }
 
 func appendVarintField(dst []byte, num, v uint64) []byte {

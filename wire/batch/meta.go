@@ -95,19 +95,13 @@ func ParseSingleMeta(b []byte) (SingleMeta, error) {
 }
 
 // SingleMetaOf returns ParseSingleMeta(raw) without reading raw, for a caller that encoded raw
-// itself from fields it holds parsed (wire.SendMetadata.SingleMeta, for a message sent alone):
-// the engine then reads each message's metadata once. fields' raw is replaced by raw; the
-// caller vouches that fields are what raw encodes, and its tests hold it to that.
-func SingleMetaOf(raw []byte, fields SingleMeta) SingleMeta {
-	fields.raw = raw
+// itself from fields it holds parsed (wire.SendMetadata.SingleMeta, for a message sent alone),
+// its property fields first, in raw[:propsLen]: the engine then reads each message's metadata
+// once. fields' raw is replaced by raw; the caller vouches that fields are what raw encodes, and
+// its tests hold it to that.
+func SingleMetaOf(raw []byte, propsLen int, fields SingleMeta) SingleMeta {
+	fields.raw, fields.propsLo, fields.propsHi = raw, 0, propsLen
 	return fields
-}
-
-// WithPropertiesSpan returns m with its property fields said to span raw[lo:hi] (see
-// PropertiesRaw), for a caller of SingleMetaOf that wrote them there.
-func (m SingleMeta) WithPropertiesSpan(lo, hi int) SingleMeta {
-	m.propsLo, m.propsHi = lo, hi
-	return m
 }
 
 // PropertiesRaw returns the encoded bytes from the first property field to the end of the last
