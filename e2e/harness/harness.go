@@ -47,6 +47,8 @@ type Broker struct {
 	// AdminURLTLS is https://localhost:port, the HTTPS web port of a broker started with
 	// Options.TLS ("" otherwise).
 	AdminURLTLS string
+	// PIDFile holds the pid of the broker's JVM, for a broker this process started ("" otherwise).
+	PIDFile string
 
 	instance string // pulsar.sh instance name; empty for a broker we did not start
 	env      []string
@@ -245,6 +247,7 @@ func StartBroker(opts Options) (*Broker, error) {
 	}
 	b.ServiceURL, b.AdminURL = vars["PULSAR_SERVICE_URL"], vars["PULSAR_ADMIN_URL"]
 	b.ServiceURLTLS, b.AdminURLTLS = vars["PULSAR_SERVICE_URL_TLS"], vars["PULSAR_ADMIN_URL_TLS"]
+	b.PIDFile = vars["PULSAR_PID_FILE"]
 	b.TokenSecretFile = vars["PULSAR_TOKEN_SECRET_FILE"]
 	if f := vars["PULSAR_ADMIN_TOKEN_FILE"]; f != "" {
 		tok, err := os.ReadFile(f)

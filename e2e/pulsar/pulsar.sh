@@ -301,6 +301,7 @@ cmd_env() {
   if [ -f "$run/admin.token" ]; then echo "PULSAR_ADMIN_TOKEN_FILE=$run/admin.token"; fi
   if [ -f "$run/secret.key" ]; then echo "PULSAR_TOKEN_SECRET_FILE=$run/secret.key"; fi
   echo "PULSAR_HOME=$dist"
+  echo "PULSAR_PID_FILE=$run/pulsar.pid"
 }
 
 case "${1:-}" in

@@ -1,8 +1,9 @@
 // Command rebatch measures, in one run, unbatched small-message producers (pulsar-client-go,
 // batching off) sending directly to a broker and through the proxy under each policy
-// (passthrough, coalesce, properties), and prints messages/s, stored entries/s and their ratios
-// to direct side by side. It then measures the rebatch engine alone, in process, on one
-// goroutine.
+// (passthrough, coalesce, merged, properties, buckets), and prints messages/s, stored entries/s
+// and their ratios to direct side by side, then the broker's and the proxy's CPU per message
+// (the proxy is this command re-run as a process of its own, so /proc gives its CPU apart from
+// the clients'). It then measures the rebatch engine alone, in process, on one goroutine.
 //
 //	go run ./e2e/bench/rebatch -broker pulsar://127.0.0.1:16650 -admin http://127.0.0.1:18080
 //
@@ -11,6 +12,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
@@ -19,11 +21,14 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"os/exec"
+	"os/signal"
 	"runtime"
 	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/apache/pulsar-client-go/pulsar"
@@ -56,6 +61,7 @@ type result struct {
 	msgs, entries float64 // per second
 	sent          int64
 	brokerUS      float64 // broker CPU microseconds per acknowledged message; -1 unknown
+	proxyUS       float64 // proxy CPU microseconds per acknowledged message; -1 for direct
 }
 
 var (
@@ -67,32 +73,36 @@ var (
 	maxMsgs   = flag.Int("max-messages", 0, "max_messages of the coalesce and properties policies (0: the policy default)")
 	engineDur = flag.Duration("engine-duration", 2*time.Second, "time per policy for the in-process engine rate")
 	only      = flag.String("only", "", "run only the workloads whose name contains this (e.g. \"sync x64\")")
-	cpuprof   = flag.String("cpuprofile", "", "write the process's CPU profile (clients and the in-process proxy) to this file")
+	cpuprof   = flag.String("cpuprofile", "", "write the proxy process's CPU profile to this file")
 	brokerPID = flag.Int("broker-pid", 0, "pid of the broker's JVM, for its CPU per message (from /proc/PID/stat); 0: read -broker-pid-file")
 	pidFile   = flag.String("broker-pid-file", "", "file holding the broker's pid (pulsar.sh keeps it in .pulsar/run/INSTANCE/pulsar.pid); empty: no broker CPU")
 )
 
+// childEnv, when set, makes this process the proxy of a run (serveChild): its value is the
+// run's namespace stamp. The proxy is a process of its own so that its CPU per message can be
+// read from /proc, apart from the clients'.
+const childEnv = "REBATCH_BENCH_PROXY_STAMP"
+
 func main() {
 	flag.Parse()
 	stamp := time.Now().UnixNano()
+	if s := os.Getenv(childEnv); s != "" {
+		if _, err := fmt.Sscan(s, &stamp); err != nil {
+			fail(err)
+		}
+	}
 	nsOf := func(pol string) string { return fmt.Sprintf("public/rbbench-%s-%d", pol, stamp) }
-	for _, pol := range []string{"direct", "passthrough", "coalesce", "merged", "properties"} {
+	if os.Getenv(childEnv) != "" {
+		serveChild(nsOf)
+		return
+	}
+	for _, pol := range []string{"direct", "passthrough", "coalesce", "merged", "properties", "buckets"} {
 		if err := admin(http.MethodPut, "/admin/v2/namespaces/"+nsOf(pol), nil); err != nil {
 			fail(fmt.Errorf("create namespace %s: %w", nsOf(pol), err))
 		}
 	}
-	proxyURL, stop := startProxy(nsOf)
+	proxyURL, stop := startChild(stamp)
 	defer stop()
-	if *cpuprof != "" {
-		f, err := os.Create(*cpuprof)
-		if err != nil {
-			fail(err)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fail(err)
-		}
-		defer pprof.StopCPUProfile()
-	}
 
 	targets := []target{
 		{"direct", *brokerURL, nsOf("direct")},
@@ -100,6 +110,7 @@ func main() {
 		{"coalesce", proxyURL, nsOf("coalesce")},
 		{"merged", proxyURL, nsOf("merged")},
 		{"properties", proxyURL, nsOf("properties")},
+		{"buckets", proxyURL, nsOf("buckets")},
 	}
 	wls := []workload{
 		{"async x4", 4, false},
@@ -108,9 +119,9 @@ func main() {
 		{"sync x16", 16, true},
 		{"sync x1", 1, true},
 	}
-	fmt.Printf("broker %s; proxy in-process at %s; %d-byte unbatched messages; %v per cell; GOMAXPROCS %d (clients, proxy and broker share the machine)\n",
-		*brokerURL, proxyURL, *size, *duration, runtime.GOMAXPROCS(0))
-	fmt.Printf("policies: coalesce and properties with max_delay %v, max_messages %d (0 = default), defaults otherwise (group commit); merged = coalesce with merge_producers and hold_when_idle; properties restricts region: [us, eu], messages carry region in runs of 50\n\n", *maxDelay, *maxMsgs)
+	fmt.Printf("broker %s; proxy process %d at %s; %d-byte unbatched messages; %v per cell; GOMAXPROCS %d (clients, proxy and broker share the machine)\n",
+		*brokerURL, childPID, proxyURL, *size, *duration, runtime.GOMAXPROCS(0))
+	fmt.Printf("policies: coalesce, properties and buckets with max_delay %v, max_messages %d (0 = default), defaults otherwise (group commit); merged = coalesce with merge_producers and hold_when_idle; properties restricts region: [us, eu], messages carry region in runs of 50; buckets: 4, its messages (only) keyed k0..k99\n\n", *maxDelay, *maxMsgs)
 	fmt.Printf("%-9s | %-21s", "workload", "direct msg/s entr/s")
 	for _, tg := range targets[1:] {
 		fmt.Printf(" | %-37s", tg.name+" msg/s (x) entr/s (x) msg/entry")
@@ -126,18 +137,19 @@ func main() {
 		}
 	}
 	var ran []workload
-	var cpu [][]float64
+	var cpu, pcpu [][]float64
 	for _, w := range wls {
 		if !strings.Contains(w.name, *only) {
 			continue
 		}
 		res := make([]result, len(targets))
 		row := make([]float64, len(targets))
+		prow := make([]float64, len(targets))
 		for i, tg := range targets {
 			res[i] = run(tg, w)
-			row[i] = res[i].brokerUS
+			row[i], prow[i] = res[i].brokerUS, res[i].proxyUS
 		}
-		ran, cpu = append(ran, w), append(cpu, row)
+		ran, cpu, pcpu = append(ran, w), append(cpu, row), append(pcpu, prow)
 		d := res[0]
 		fmt.Printf("%-9s | %8.0f %8.0f   ", w.name, d.msgs, d.entries)
 		for _, r := range res[1:] {
@@ -163,6 +175,21 @@ func main() {
 		}
 	}
 
+	fmt.Printf("\nproxy CPU per acknowledged message (us, from /proc/%d/stat over each cell; the target's over passthrough's = what the policy costs the proxy):\n", childPID)
+	fmt.Printf("%-9s | %-8s", "workload", "passthrough")
+	for _, tg := range targets[2:] {
+		fmt.Printf(" | %-20s", tg.name)
+	}
+	fmt.Println()
+	for i, w := range ran {
+		pt := pcpu[i][1]
+		fmt.Printf("%-9s | %11.1f", w.name, pt)
+		for _, r := range pcpu[i][2:] {
+			fmt.Printf(" | %8.1f (%5.2fx)   ", r, r/pt)
+		}
+		fmt.Println()
+	}
+
 	fmt.Printf("\nengine in process (one goroutine, unbatched %d-byte sends, split/merge/receipts):\n", *size)
 	for _, k := range []rebatch.Kind{rebatch.Coalesce, rebatch.Properties, rebatch.Buckets} {
 		rate, perEntry := engineRate(k)
@@ -184,12 +211,78 @@ func policyFor(k rebatch.Kind) rebatch.Policy {
 	case rebatch.Properties:
 		p.Restricted = map[string][]string{"region": {"us", "eu"}}
 	case rebatch.Buckets:
-		p.Buckets = 4 // the engine's rate only: 100 keys over 4 buckets
+		p.Buckets = 4 // 100 keys over 4 buckets
 	}
 	return p
 }
 
-// startProxy starts the proxy in-process with one rule per policy namespace.
+// childPID is the proxy process's pid (startChild).
+var childPID int
+
+// startChild runs this command again as the proxy (childEnv set to stamp, the same flags) and
+// returns its URL and a function that stops it.
+func startChild(stamp int64) (string, func()) {
+	exe, err := os.Executable()
+	if err != nil {
+		fail(err)
+	}
+	cmd := exec.Command(exe, os.Args[1:]...)
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d", childEnv, stamp))
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		fail(err)
+	}
+	if err := cmd.Start(); err != nil {
+		fail(err)
+	}
+	childPID = cmd.Process.Pid
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), "listening "); ok {
+				addr <- a
+			}
+		}
+	}()
+	stop := func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+	}
+	select {
+	case a := <-addr:
+		return a, stop
+	case <-time.After(15 * time.Second):
+		_ = cmd.Process.Kill()
+		fail(fmt.Errorf("the proxy process did not listen within 15 s"))
+		return "", nil
+	}
+}
+
+// serveChild is the proxy process: one rule per policy namespace, until SIGTERM. With
+// -cpuprofile it profiles itself.
+func serveChild(nsOf func(string) string) {
+	if *cpuprof != "" {
+		f, err := os.Create(*cpuprof)
+		if err != nil {
+			fail(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fail(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	url, stop := startProxy(nsOf)
+	fmt.Println("listening " + url)
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	<-sig
+	stop()
+}
+
+// startProxy starts the proxy in this process with one rule per policy namespace.
 func startProxy(nsOf func(string) string) (string, func()) {
 	addr, err := proxy.BrokerAddress(*brokerURL)
 	if err != nil {
@@ -200,6 +293,7 @@ func startProxy(nsOf func(string) string) (string, func()) {
 		{Pattern: nsOf("coalesce") + "/*", Policy: policyFor(rebatch.Coalesce)},
 		{Pattern: nsOf("merged") + "/*", Policy: mergedPolicy()},
 		{Pattern: nsOf("properties") + "/*", Policy: policyFor(rebatch.Properties)},
+		{Pattern: nsOf("buckets") + "/*", Policy: policyFor(rebatch.Buckets)},
 	}
 	m, err := route.NewMatcher(rules)
 	if err != nil {
@@ -260,7 +354,7 @@ func run(tg target, w workload) result {
 		prods[i] = p
 	}
 	before := entries(topic)
-	cpuBefore := brokerCPU()
+	cpuBefore, proxyBefore := brokerCPU(), procCPU(childPID)
 	var acked, failed atomic.Int64
 	var wg sync.WaitGroup
 	ctx := context.Background()
@@ -272,6 +366,9 @@ func run(tg target, w workload) result {
 			defer wg.Done()
 			for i := int64(0); time.Now().Before(end); i++ {
 				msg := &pulsar.ProducerMessage{Payload: payload, Properties: map[string]string{"region": region(i)}}
+				if tg.name == "buckets" {
+					msg.Key = keys[i%100] // the others keep keyless messages: split_keys parts keyed ones
+				}
 				if w.sync {
 					if _, err := p.Send(ctx, msg); err != nil {
 						failed.Add(1)
@@ -295,17 +392,29 @@ func run(tg target, w workload) result {
 	}
 	wg.Wait()
 	el := time.Since(start).Seconds()
-	cpuUsed := brokerCPU() - cpuBefore
+	cpuUsed, proxyUsed := brokerCPU()-cpuBefore, procCPU(childPID)-proxyBefore
 	if failed.Load() > 0 {
 		fail(fmt.Errorf("%s %s: %d sends failed", tg.name, w.name, failed.Load()))
 	}
 	n := entries(topic) - before
-	r := result{msgs: float64(acked.Load()) / el, entries: float64(n) / el, sent: acked.Load(), brokerUS: -1}
+	r := result{msgs: float64(acked.Load()) / el, entries: float64(n) / el, sent: acked.Load(), brokerUS: -1, proxyUS: -1}
 	if brokerCPUKnown() && acked.Load() > 0 {
 		r.brokerUS = cpuUsed.Seconds() * 1e6 / float64(acked.Load())
 	}
+	if tg.name != "direct" && acked.Load() > 0 {
+		r.proxyUS = proxyUsed.Seconds() * 1e6 / float64(acked.Load())
+	}
 	return r
 }
+
+// keys are the buckets target's message keys, k0..k99 (the policy routes on them).
+var keys = func() []string {
+	k := make([]string, 100)
+	for i := range k {
+		k[i] = fmt.Sprintf("k%d", i)
+	}
+	return k
+}()
 
 func brokerCPUKnown() bool { return *brokerPID > 0 }
 
@@ -314,9 +423,14 @@ func brokerCPU() time.Duration {
 	if !brokerCPUKnown() {
 		return 0
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", *brokerPID))
+	return procCPU(*brokerPID)
+}
+
+// procCPU is process pid's user plus system CPU time so far.
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		fail(fmt.Errorf("broker CPU: %w", err))
+		fail(fmt.Errorf("CPU of process %d: %w", pid, err))
 	}
 	// Fields after the command name (which may hold spaces, inside parentheses): state is
 	// field 3, utime 14 and stime 15, in clock ticks (USER_HZ, 100 on Linux).
@@ -324,10 +438,10 @@ func brokerCPU() time.Duration {
 	f := strings.Fields(rest)
 	var ut, st int64
 	if _, err := fmt.Sscan(f[11], &ut); err != nil {
-		fail(fmt.Errorf("broker CPU: utime: %w", err))
+		fail(fmt.Errorf("CPU of process %d: utime: %w", pid, err))
 	}
 	if _, err := fmt.Sscan(f[12], &st); err != nil {
-		fail(fmt.Errorf("broker CPU: stime: %w", err))
+		fail(fmt.Errorf("CPU of process %d: stime: %w", pid, err))
 	}
 	return time.Duration(ut+st) * 10 * time.Millisecond
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"os"
+	"strconv"
+	"strings"
 
 	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
 	"github.com/rebatchproxy/rebatchproxy/internal/testcert"
@@ -49,5 +51,11 @@ func startTLSBroker() (*harness.Broker, error) {
 	tlsFiles = &benchCerts{Files: f, dir: dir}
 	b, err := harness.StartBroker(harness.Options{TLS: &harness.TLSFiles{Cert: f.ServerCert, Key: f.ServerKey, CA: f.CA}})
 	tlsBroker = b
+	if err == nil && brokerPID == 0 && b.PIDFile != "" {
+		// The private broker's CPU per message, as -broker-pid gives it for a broker of one's own.
+		if pid, perr := os.ReadFile(b.PIDFile); perr == nil {
+			brokerPID, _ = strconv.Atoi(strings.TrimSpace(string(pid)))
+		}
+	}
 	return b, err
 }
