@@ -88,8 +88,7 @@ type connSide struct {
 	l  executor
 	e  *end
 	c  net.Conn
-	rb *recordBatcher // the socket under c when c is TLS made on one (tls_batch.go), else nil
-	in []byte         // loop-owned: read, not yet consumed
+	in []byte // loop-owned: read, not yet consumed
 	// inBase is loop-owned: the whole array in lives in, reused once in is consumed.
 	inBase []byte
 	// gone is loop-owned: finish ran.
@@ -106,7 +105,7 @@ type connSide struct {
 
 // newConnSide starts the reader and writer of c for end e on executor l.
 func newConnSide(l executor, e *end, c net.Conn) *connSide {
-	k := &connSide{l: l, e: e, c: c, rb: batcherOf(c)}
+	k := &connSide{l: l, e: e, c: c}
 	k.cond = sync.NewCond(&k.mu)
 	if cl, ok := l.(*connLoop); ok {
 		cl.mu.Lock()
@@ -231,7 +230,7 @@ func (k *connSide) writer() {
 			_ = k.c.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
 		}
 		var err error
-		_, scratch, err = writeChunks(k.c, k.rb, chunks, scratch)
+		_, scratch, err = writeChunks(k.c, chunks, scratch)
 		releaseChunks(chunks)
 		k.mu.Lock()
 		k.writing = 0

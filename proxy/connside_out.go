@@ -66,24 +66,8 @@ func releaseChunks(chunks [][]byte) {
 // writeChunks writes chunks to c in order: one writev for a plain TCP
 // connection (through scratch, which net.Buffers consumes, so chunks stay
 // whole for releaseChunks), one Write per chunk otherwise (crypto/tls seals
-// each into records; with rb, the socket under a tls.Conn, a chunk's records
-// go out in one write). It returns the bytes written and scratch for reuse.
-func writeChunks(c net.Conn, rb *recordBatcher, chunks [][]byte, scratch net.Buffers) (int64, net.Buffers, error) {
-	if rb != nil {
-		var n int64
-		for _, b := range chunks {
-			rb.hold()
-			m, err := c.Write(b)
-			if rerr := rb.release(); err == nil {
-				err = rerr
-			}
-			n += int64(m)
-			if err != nil {
-				return n, scratch, err
-			}
-		}
-		return n, scratch, nil
-	}
+// each into records). It returns the bytes written and scratch for reuse.
+func writeChunks(c net.Conn, chunks [][]byte, scratch net.Buffers) (int64, net.Buffers, error) {
 	if _, ok := c.(*net.TCPConn); ok {
 		scratch = append(scratch[:0], chunks...)
 		bufs := scratch

@@ -31,7 +31,7 @@ func TestOutQueueKeepsOrderAcrossChunks(t *testing.T) {
 			go func() { b, _ := io.ReadAll(r); got <- b }()
 
 			chunks := q2.take(nil)
-			n, _, err := writeChunks(w, nil, chunks, nil)
+			n, _, err := writeChunks(w, chunks, nil)
 			releaseChunks(chunks)
 			w.Close()
 

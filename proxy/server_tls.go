@@ -119,7 +119,7 @@ func (s *Server) serveNetConn(nc net.Conn, useTLS bool, pinned string) {
 	var role string
 	var verified bool
 	if useTLS {
-		tc := tls.Server(newTLSSocket(nc), s.tls.conf)
+		tc := tls.Server(nc, s.tls.conf)
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HandshakeTimeout)
 		err := tc.HandshakeContext(ctx)
 		cancel()
