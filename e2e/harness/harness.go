@@ -175,7 +175,37 @@ func script() string { return filepath.Join(RepoRoot(), "e2e", "pulsar", "pulsar
 
 // StartBroker starts a private standalone broker on free loopback ports and waits until it is
 // ready. The caller must Stop it.
+//
+// A port found free can be taken before the broker binds it: the standalone's own bookie and
+// metadata store pick ephemeral ports as they start (seen in CI: "Failed to bind Pulsar broker
+// ... Address already in use"). Such a start is tried again on new ports, twice at most; any
+// other failure is returned at once.
 func StartBroker(opts Options) (*Broker, error) {
+	for attempt := 1; ; attempt++ {
+		var inst string
+		b, err := startBrokerOnce(opts, &inst)
+		if err == nil || attempt == 3 || !portTaken(inst) {
+			return b, err
+		}
+		fmt.Fprintf(os.Stderr, "e2e: broker %s lost a port to another process while starting; again on new ports (attempt %d)\n", inst, attempt+1)
+	}
+}
+
+// portTaken reports whether instance inst's broker log says a port it was given was taken.
+func portTaken(inst string) bool {
+	if inst == "" {
+		return false
+	}
+	cache := os.Getenv("PULSAR_CACHE_DIR")
+	if cache == "" {
+		cache = filepath.Join(RepoRoot(), ".pulsar")
+	}
+	log, err := os.ReadFile(filepath.Join(cache, "run", inst, "logs", "standalone.out"))
+	return err == nil && bytes.Contains(log, []byte("Address already in use"))
+}
+
+// startBrokerOnce is one attempt of StartBroker; it sets *instOut to the instance name it uses.
+func startBrokerOnce(opts Options, instOut *string) (*Broker, error) {
 	brokerPort, err := FreePort()
 	if err != nil {
 		return nil, err
@@ -188,6 +218,7 @@ func StartBroker(opts Options) (*Broker, error) {
 	if inst == "" {
 		inst = fmt.Sprintf("go-%d-%d", os.Getpid(), brokerPort)
 	}
+	*instOut = inst
 	env := append(os.Environ(),
 		"PULSAR_INSTANCE="+inst,
 		"PULSAR_BROKER_PORT="+strconv.Itoa(brokerPort),
