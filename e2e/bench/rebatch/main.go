@@ -12,7 +12,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
@@ -36,6 +35,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/rebatchproxy/rebatchproxy/chunkdedup"
+	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
 	"github.com/rebatchproxy/rebatchproxy/proxy"
 	"github.com/rebatchproxy/rebatchproxy/rebatch"
 	"github.com/rebatchproxy/rebatchproxy/route"
@@ -158,42 +158,39 @@ func main() {
 		fmt.Println()
 	}
 
+	names := make([]string, len(targets))
+	for i, tg := range targets {
+		names[i] = tg.name
+	}
 	if brokerCPUKnown() {
 		fmt.Printf("\nbroker CPU per acknowledged message (us, from /proc/%d/stat over each cell; direct's over the target's = how many times less the broker works per message):\n", *brokerPID)
-		fmt.Printf("%-9s | %-8s", "workload", "direct")
-		for _, tg := range targets[1:] {
-			fmt.Printf(" | %-20s", tg.name)
-		}
-		fmt.Println()
-		for i, w := range ran {
-			d := cpu[i][0]
-			fmt.Printf("%-9s | %8.1f", w.name, d)
-			for _, r := range cpu[i][1:] {
-				fmt.Printf(" | %8.1f (%5.2fx)   ", r, d/r)
-			}
-			fmt.Println()
-		}
+		printCPUTable(ran, names, cpu, 0, func(base, v float64) float64 { return base / v })
 	}
-
 	fmt.Printf("\nproxy CPU per acknowledged message (us, from /proc/%d/stat over each cell; the target's over passthrough's = what the policy costs the proxy):\n", childPID)
-	fmt.Printf("%-9s | %-8s", "workload", "passthrough")
-	for _, tg := range targets[2:] {
-		fmt.Printf(" | %-20s", tg.name)
-	}
-	fmt.Println()
-	for i, w := range ran {
-		pt := pcpu[i][1]
-		fmt.Printf("%-9s | %11.1f", w.name, pt)
-		for _, r := range pcpu[i][2:] {
-			fmt.Printf(" | %8.1f (%5.2fx)   ", r, r/pt)
-		}
-		fmt.Println()
-	}
+	printCPUTable(ran, names, pcpu, 1, func(base, v float64) float64 { return v / base })
 
 	fmt.Printf("\nengine in process (one goroutine, unbatched %d-byte sends, split/merge/receipts):\n", *size)
 	for _, k := range []rebatch.Kind{rebatch.Coalesce, rebatch.Properties, rebatch.Buckets} {
 		rate, perEntry := engineRate(k)
 		fmt.Printf("  %-10s %10.0f messages/s  (%.0f messages/entry)\n", k, rate, perEntry)
+	}
+}
+
+// printCPUTable prints one row per workload of CPU microseconds per message: the column of
+// target base, then each later target's with its ratio to base (ratio(base, value)).
+func printCPUTable(ran []workload, names []string, rows [][]float64, base int, ratio func(base, v float64) float64) {
+	fmt.Printf("%-9s | %-11s", "workload", names[base])
+	for _, n := range names[base+1:] {
+		fmt.Printf(" | %-20s", n)
+	}
+	fmt.Println()
+	for i, w := range ran {
+		b := rows[i][base]
+		fmt.Printf("%-9s | %11.1f", w.name, b)
+		for _, v := range rows[i][base+1:] {
+			fmt.Printf(" | %8.1f (%5.2fx)   ", v, ratio(b, v))
+		}
+		fmt.Println()
 	}
 }
 
@@ -238,26 +235,16 @@ func startChild(stamp int64) (string, func()) {
 		fail(err)
 	}
 	childPID = cmd.Process.Pid
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if a, ok := strings.CutPrefix(sc.Text(), "listening "); ok {
-				addr <- a
-			}
-		}
-	}()
-	stop := func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-	}
-	select {
-	case a := <-addr:
-		return a, stop
-	case <-time.After(15 * time.Second):
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	a, err := harness.WaitListening(out, exited, 15*time.Second)
+	if err != nil {
 		_ = cmd.Process.Kill()
-		fail(fmt.Errorf("the proxy process did not listen within 15 s"))
-		return "", nil
+		fail(fmt.Errorf("the proxy process: %w", err))
+	}
+	return a, func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		<-exited
 	}
 }
 
@@ -428,22 +415,11 @@ func brokerCPU() time.Duration {
 
 // procCPU is process pid's user plus system CPU time so far.
 func procCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	d, err := harness.ProcCPU(pid)
 	if err != nil {
-		fail(fmt.Errorf("CPU of process %d: %w", pid, err))
+		fail(fmt.Errorf("CPU time of process %d: %w", pid, err))
 	}
-	// Fields after the command name (which may hold spaces, inside parentheses): state is
-	// field 3, utime 14 and stime 15, in clock ticks (USER_HZ, 100 on Linux).
-	rest := string(b[strings.LastIndexByte(string(b), ')')+2:])
-	f := strings.Fields(rest)
-	var ut, st int64
-	if _, err := fmt.Sscan(f[11], &ut); err != nil {
-		fail(fmt.Errorf("CPU of process %d: utime: %w", pid, err))
-	}
-	if _, err := fmt.Sscan(f[12], &st); err != nil {
-		fail(fmt.Errorf("CPU of process %d: stime: %w", pid, err))
-	}
-	return time.Duration(ut+st) * 10 * time.Millisecond
+	return d
 }
 
 // entries returns the number of entries the broker has written for topic.

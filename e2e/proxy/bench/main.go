@@ -13,9 +13,7 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -380,29 +378,16 @@ func idleCPU(pid int) time.Duration {
 	return procCPU(pid) - before
 }
 
-// clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat (100 on Linux).
-const clockTicks = 100
-
-// procCPU returns the user+system CPU time of process pid (all threads) from /proc/<pid>/stat;
-// 0 for pid 0.
+// procCPU returns the user+system CPU time of process pid (all threads); 0 for pid 0.
 func procCPU(pid int) time.Duration {
 	if pid == 0 {
 		return 0
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	d, err := harness.ProcCPU(pid)
 	if err != nil {
-		fail(fmt.Errorf("reading the proxy's CPU time: %w", err))
+		fail(fmt.Errorf("CPU time of process %d: %w", pid, err))
 	}
-	// Fields after the command name (which is in parentheses and may hold spaces): state is
-	// field 3, utime 14, stime 15.
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		fail(fmt.Errorf("unparsable /proc/%d/stat: %q", pid, s))
-	}
-	return time.Duration(ut+st) * time.Second / clockTicks
+	return d
 }
 
 // process is a proxy the bench started.
@@ -474,28 +459,16 @@ func startOurs(exe, name, brokerAddr, cpuprofile string, readBuf int, env ...str
 	p := &process{cmd: cmd, done: make(chan struct{}), stopSignal: syscall.SIGTERM}
 	go func() { _ = cmd.Wait(); close(p.done) }()
 	track(p)
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if a, ok := strings.CutPrefix(sc.Text(), "listening "); ok {
-				addr <- a
-			}
-		}
-	}()
-	select {
-	case a := <-addr:
-		p.target = target{name: name, url: "pulsar://" + a, pid: cmd.Process.Pid}
-		if tlsFiles != nil {
-			p.target.url = "pulsar+ssl://" + a
-		}
-		return p, nil
-	case <-p.done:
-		return nil, errors.New("exited before listening")
-	case <-time.After(15 * time.Second):
+	a, err := harness.WaitListening(out, p.done, 15*time.Second)
+	if err != nil {
 		p.stop()
-		return nil, errors.New("not listening after 15 s")
+		return nil, err
 	}
+	p.target = target{name: name, url: "pulsar://" + a, pid: cmd.Process.Pid}
+	if tlsFiles != nil {
+		p.target.url = "pulsar+ssl://" + a
+	}
+	return p, nil
 }
 
 // serveChild is the proxy process: it serves until SIGTERM, optionally profiling its CPU.

@@ -1,0 +1,63 @@
+package harness
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat (100 on Linux).
+const clockTicks = 100
+
+// ProcCPU returns the user plus system CPU time of process pid (all its threads) so far, from
+// /proc/<pid>/stat.
+func ProcCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command name (in parentheses, and it may hold spaces): state is field 3,
+	// utime 14 and stime 15.
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("unparsable /proc/%d/stat: %q", pid, s)
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("unparsable /proc/%d/stat: %q", pid, s)
+	}
+	return time.Duration(ut+st) * time.Second / clockTicks, nil
+}
+
+// WaitListening reads a child process's standard output until it prints "listening ADDR" and
+// returns ADDR; exited is closed when the process ends. It fails when the process ends first or
+// within passes without the line. The rest of the output is read and discarded.
+func WaitListening(out io.Reader, exited <-chan struct{}, within time.Duration) (string, error) {
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), "listening "); ok {
+				select {
+				case addr <- a:
+				default:
+				}
+			}
+		}
+	}()
+	select {
+	case a := <-addr:
+		return a, nil
+	case <-exited:
+		return "", errors.New("exited before listening")
+	case <-time.After(within):
+		return "", fmt.Errorf("not listening after %v", within)
+	}
+}
