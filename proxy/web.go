@@ -86,8 +86,6 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 // know, or too many times; another broker would answer the same.
 var errRedirectRefused = errors.New("redirect not followed")
 
-func (w *webProxy) dialer() *net.Dialer { return &net.Dialer{Timeout: w.srv.cfg.ConnectTimeout} }
-
 func (w *webProxy) checkRedirect(req *http.Request, via []*http.Request) error {
 	if len(via) > max(1, w.srv.cfg.MaxLookupRedirects) {
 		return fmt.Errorf("%w: more than %d redirects", errRedirectRefused, max(1, w.srv.cfg.MaxLookupRedirects))

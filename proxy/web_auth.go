@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"strings"
 )
@@ -76,7 +77,7 @@ func (w *webProxy) clientFor(r *http.Request) *http.Client {
 // its certificate, one that also presents it. Called once by newWebProxy.
 func (w *webProxy) webTransports() (plain, role *http.Transport, err error) {
 	plain = http.DefaultTransport.(*http.Transport).Clone()
-	plain.DialContext = w.dialer().DialContext
+	plain.DialContext = (&net.Dialer{Timeout: w.srv.cfg.ConnectTimeout}).DialContext
 	tc, err := loadBrokerTLS(&w.srv.cfg)
 	if err != nil {
 		return nil, nil, err

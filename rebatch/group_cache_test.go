@@ -18,7 +18,7 @@ import (
 func TestGroupOfReusesTheLastGroupOnlyForTheSameProperties(t *testing.T) {
 	pol := Policy{Kind: Properties, Restricted: map[string][]string{"region": {"us", "eu"}}}
 	seq := []map[string]string{
-		{"region": "us"}, {"region": "us"}, {"region": "eu"}, {"region": "eu"},
+		{}, {"region": "us"}, {"region": "us"}, {"region": "eu"}, {"region": "eu"},
 		{"region": "us", "tier": "a"}, {"tier": "a", "region": "us"}, {"region": "ap"}, {}, {"region": "us"},
 	}
 	p := newEngine(t, pol, -1)

@@ -244,15 +244,15 @@ type Producer struct {
 	zipped    []byte
 	groupKV   []byte
 	groupVals [][]byte
-	// groupRaw is the encoded properties groupKV was derived from (groupCached: it was).
-	groupRaw    []byte
-	groupCached bool
-	fallback    []byte // routeOf's Pulsar 4 fallback key
-	keyBuf      []byte // routeOf's decoded partition key
-	plan        []planned
-	pieces      []piece
-	arena       []byte
-	current     []int
+	// groupRaw is the encoded properties groupKV was derived from. Both start empty: no
+	// properties, the empty group.
+	groupRaw []byte
+	fallback []byte // routeOf's Pulsar 4 fallback key
+	keyBuf   []byte // routeOf's decoded partition key
+	plan     []planned
+	pieces   []piece
+	arena    []byte
+	current  []int
 	// ownMark is the highest sequence id this engine has sent, or placed in an open batch, as
 	// new on its own broker producers (-1: none yet); a client send at or below it is out of
 	// order, not a resend.
@@ -729,7 +729,7 @@ func (p *Producer) groupOf(meta *batch.SingleMeta) []byte {
 	// Consecutive messages mostly carry the same properties (a producer's runs): the same
 	// encoded properties give the same group, so the last one's is kept.
 	raw := meta.PropertiesRaw()
-	if p.groupCached && bytes.Equal(raw, p.groupRaw) {
+	if bytes.Equal(raw, p.groupRaw) {
 		return p.groupKV
 	}
 	vals := p.groupVals[:0]
@@ -756,7 +756,7 @@ func (p *Producer) groupOf(meta *batch.SingleMeta) []byte {
 		p.groupKV = binary.AppendUvarint(p.groupKV, uint64(len(v)))
 		p.groupKV = append(p.groupKV, v...)
 	}
-	p.groupRaw, p.groupCached = append(p.groupRaw[:0], raw...), true
+	p.groupRaw = append(p.groupRaw[:0], raw...)
 	return p.groupKV
 }
 
