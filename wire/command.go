@@ -50,7 +50,11 @@ func ParseSend(f Frame) (Send, error) {
 	if f.typ != pulsarpb.BaseCommand_SEND {
 		return Send{}, ErrMalformedCommand
 	}
-	return parseSend(f.Command())
+	body, ok := f.subCommand()
+	if !ok {
+		return Send{}, ErrMalformedCommand
+	}
+	return parseSendBody(body)
 }
 
 // ParseSendHead is ParseSend for a frame of which only the Head has been
@@ -59,15 +63,16 @@ func ParseSendHead(h Head) (Send, error) {
 	if h.Type != pulsarpb.BaseCommand_SEND {
 		return Send{}, ErrMalformedCommand
 	}
-	return parseSend(h.Command)
+	body, found, ok := pbscan.LastBytes(h.Command, uint64(pulsarpb.BaseCommand_SEND))
+	if !ok || !found {
+		return Send{}, ErrMalformedCommand
+	}
+	return parseSendBody(body)
 }
 
-func parseSend(cmd []byte) (Send, error) {
+// parseSendBody reads a CommandSend's fields.
+func parseSendBody(body []byte) (Send, error) {
 	var s Send
-	body, found, ok := pbscan.LastBytes(cmd, uint64(pulsarpb.BaseCommand_SEND))
-	if !ok || !found {
-		return s, ErrMalformedCommand
-	}
 	for i := 0; i < len(body); {
 		fl, n := pbscan.Next(body[i:])
 		if n == 0 {
@@ -120,8 +125,8 @@ func ParseSendReceipt(f Frame) (SendReceipt, error) {
 	if f.typ != pulsarpb.BaseCommand_SEND_RECEIPT {
 		return r, ErrMalformedCommand
 	}
-	body, found, ok := pbscan.LastBytes(f.Command(), uint64(pulsarpb.BaseCommand_SEND_RECEIPT))
-	if !ok || !found {
+	body, ok := f.subCommand()
+	if !ok {
 		return r, ErrMalformedCommand
 	}
 	for i := 0; i < len(body); {

@@ -59,6 +59,10 @@ type Frame struct {
 	crcOff     uint32 // first of the 4 checksum bytes
 	mdOff      uint32 // first byte of MessageMetadata
 	payloadOff uint32 // first payload byte (== len(b) for an empty payload)
+	// The sub-command (the BaseCommand field numbered by its type), when
+	// parseFrame saw it as the command's last length-delimited field, as
+	// every Pulsar client writes it; 0 means not seen, look it up.
+	subOff, subEnd uint32
 }
 
 // FrameLen reports how many bytes the frame at the start of buf occupies,
@@ -152,7 +156,7 @@ func ReadHead(buf []byte, maxMessageSize int) (Head, error) {
 		return Head{}, ErrIncomplete
 	}
 	cmd := buf[frameHeaderLen:cmdEnd:cmdEnd]
-	typ, ok := peekCommandType(cmd)
+	typ, _, _, ok := peekCommandType(cmd)
 	if !ok {
 		return Head{}, ErrCorruptFrame
 	}
@@ -170,11 +174,14 @@ func parseFrame(b []byte) (Frame, bool) {
 	if cmdEnd > uint64(len(b)) {
 		return Frame{}, false
 	}
-	typ, ok := peekCommandType(b[frameHeaderLen:cmdEnd])
+	typ, subLo, subHi, ok := peekCommandType(b[frameHeaderLen:cmdEnd])
 	if !ok {
 		return Frame{}, false
 	}
 	f := Frame{b: b, typ: typ}
+	if subLo >= 0 {
+		f.subOff, f.subEnd = uint32(frameHeaderLen+subLo), uint32(frameHeaderLen+subHi)
+	}
 	if cmdEnd == uint64(len(b)) {
 		return f, true
 	}
@@ -212,42 +219,63 @@ func parseFrame(b []byte) (Frame, bool) {
 // length, so the cost is a few varints per frame. The common wire types are
 // handled inline (this runs for every frame); groups, which Pulsar never
 // sends but decoders skip, go through pbscan.Next.
-func peekCommandType(cmd []byte) (pulsarpb.BaseCommand_Type, bool) {
-	var typ uint64
+//
+// cmd[subLo:subHi] is the sub-command when the last length-delimited field
+// is the one numbered by the type (then no later occurrence can replace it);
+// otherwise subLo is -1 and the caller looks it up (pbscan.LastBytes). The
+// sub-command is found on the walk the type needs anyway, so a SEND or a
+// receipt is not scanned twice.
+func peekCommandType(cmd []byte) (typ pulsarpb.BaseCommand_Type, subLo, subHi int, ok bool) {
+	var t, lastNum uint64
 	found := false
+	subLo = -1
 	for i := 0; i < len(cmd); {
 		key, n := pbscan.Uvarint(cmd[i:])
 		if n == 0 || key>>3 == 0 {
-			return 0, false
+			return 0, -1, 0, false
 		}
 		switch key & 7 {
 		case pbscan.Varint:
 			v, m := pbscan.Uvarint(cmd[i+n:])
 			if m == 0 {
-				return 0, false
+				return 0, -1, 0, false
 			}
 			if key>>3 == 1 {
-				typ, found = v, true
+				t, found = v, true
 			}
 			i += n + m
 		case pbscan.Bytes:
 			l, m := pbscan.Uvarint(cmd[i+n:])
 			if m == 0 || l > uint64(len(cmd)-i-n-m) {
-				return 0, false
+				return 0, -1, 0, false
 			}
+			lastNum, subLo, subHi = key>>3, i+n+m, i+n+m+int(l)
 			i += n + m + int(l)
 		default:
 			_, m := pbscan.Next(cmd[i:])
 			if m == 0 {
-				return 0, false
+				return 0, -1, 0, false
 			}
 			i += m
 		}
 	}
-	if !found || typ == 0 || typ > 1<<31-1 {
-		return 0, false
+	if !found || t == 0 || t > 1<<31-1 {
+		return 0, -1, 0, false
 	}
-	return pulsarpb.BaseCommand_Type(typ), true
+	if lastNum != t {
+		subLo = -1
+	}
+	return pulsarpb.BaseCommand_Type(t), subLo, subHi, true
+}
+
+// subCommand returns the sub-command of f (the BaseCommand field numbered by
+// f's type); ok is false when the command has none or is malformed.
+func (f Frame) subCommand() (body []byte, ok bool) {
+	if f.subOff != 0 {
+		return f.b[f.subOff:f.subEnd:f.subEnd], true
+	}
+	body, found, ok := pbscan.LastBytes(f.Command(), uint64(f.typ))
+	return body, ok && found
 }
 
 // Bytes returns the whole frame, size prefix included: what to forward

@@ -257,3 +257,48 @@ func TestCRC32C(t *testing.T) {
 		t.Fatalf("UpdateCRC32C = %#x", got)
 	}
 }
+
+// TestParseSendReadsTheSubCommandADecoderKeeps: the sub-command the frame reader finds on its
+// walk for the type is used only when no later field can replace it; otherwise the command is
+// looked up again, so ParseSend reads what the generated decoder keeps in every layout.
+func TestParseSendReadsTheSubCommandADecoderKeeps(t *testing.T) {
+	send := func(seq byte) []byte { return []byte{0x32, 0x04, 0x08, 0x01, 0x10, seq} } // send {producer 1, sequence seq}
+	typ := []byte{0x08, 0x06}
+	tests := []struct {
+		name    string
+		cmd     []byte
+		wantSeq uint64
+		wantErr bool
+	}{
+		{"type, then send", cat(typ, send(2)), 2, false},
+		{"send, then type", cat(send(3), typ), 3, false},
+		{"send given twice: the last counts", cat(typ, send(4), send(5)), 5, false},
+		{"an unknown bytes field after the send", cat(typ, send(6), []byte{0xfa, 0x07, 0x01, 'x'}), 6, false},
+		{"an unknown bytes field between two sends", cat(typ, send(7), []byte{0xfa, 0x07, 0x01, 'x'}, send(8)), 8, false},
+		{"no send", cat(typ, []byte{0xfa, 0x07, 0x01, 'x'}), 0, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f, _, err := ReadFrame(rawFrame(tc.cmd), 1<<20)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			s, err := ParseSend(f)
+
+			if tc.wantErr {
+				if !errors.Is(err, ErrMalformedCommand) {
+					t.Fatalf("err = %v, want ErrMalformedCommand", err)
+				}
+				return
+			}
+			var cmd pulsarpb.BaseCommand
+			if err != nil || DecodeCommand(f, &cmd) != nil {
+				t.Fatalf("ParseSend: %v", err)
+			}
+			if s.SequenceID != tc.wantSeq || cmd.GetSend().GetSequenceId() != tc.wantSeq || s.ProducerID != 1 {
+				t.Fatalf("sequence %d (decoder: %d), want %d", s.SequenceID, cmd.GetSend().GetSequenceId(), tc.wantSeq)
+			}
+		})
+	}
+}

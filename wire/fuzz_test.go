@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rebatchproxy/rebatchproxy/wire/internal/pbscan"
 	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
 )
 
@@ -67,6 +68,12 @@ func FuzzFrameReader(f *testing.F) {
 			}
 			_, _ = ParseSend(fr)
 			_, _ = ParseSendReceipt(fr)
+			// The sub-command found on the type's walk is the one a decoder keeps.
+			sub, subOK := fr.subCommand()
+			want, found, ok := pbscan.LastBytes(fr.Command(), uint64(fr.Type()))
+			if subOK != (ok && found) || !bytes.Equal(sub, want) {
+				t.Fatalf("sub-command %x (%v), LastBytes %x (%v %v)", sub, subOK, want, found, ok)
+			}
 			var cmd pulsarpb.BaseCommand
 			if DecodeCommand(fr, &cmd) == nil && cmd.Type != nil && cmd.GetType() != fr.Type() {
 				t.Fatalf("peeked %v, decoded %v", fr.Type(), cmd.GetType())
