@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -207,5 +209,63 @@ func TestFramesHeldBehindOutOfOrderSendsSlowTheClient(t *testing.T) {
 
 	if !held || bl.Backlogged() {
 		t.Fatalf("backlogged while held: %v, after the receipt: %v", held, bl.Backlogged())
+	}
+}
+
+// Given a coalesce connection with two producers, where producer 1 has a batch open behind its
+// first send in flight (a flush due at max_delay),
+// when producer 2 sends and its send leaves alone at once,
+// then the path still wakes for producer 1's batch at its deadline (a send looks only at its own
+// engine, and that must not lose another's deadline), and a Tick once that batch has left with
+// the receipt finds no deadline left.
+func TestAnotherProducersSendKeepsAnOpenBatchsDeadline(t *testing.T) {
+	m, err := route.NewMatcher([]route.Rule[rebatch.Policy]{{Pattern: "a/b/*", Policy: rebatch.Policy{Kind: rebatch.Coalesce, MaxDelay: 10 * time.Millisecond}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	p := RebatchPaths(NewPolicies(m), nil, NewChunkDedup(chunkdedup.Config{}), slog.New(slog.NewTextHandler(io.Discard, nil)))(
+		ConnInfo{ID: 1, MaxMessageSize: 5 << 20, Now: func() time.Time { return now }})
+	c := &capture{}
+	out := captureOut{t, c}
+	for _, id := range []uint64{1, 2} {
+		if _, err := p.FromClient(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER.Enum(), Producer: &pulsarpb.CommandProducer{
+			Topic: proto.String("persistent://a/b/t"), ProducerId: proto.Uint64(id), RequestId: proto.Uint64(10 + id)}}), out); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.FromBroker(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER_SUCCESS.Enum(), ProducerSuccess: &pulsarpb.CommandProducerSuccess{
+			RequestId: proto.Uint64(10 + id), ProducerName: proto.String(fmt.Sprint("p", id)), LastSequenceId: proto.Int64(-1)}}), out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send := func(id, seq uint64) {
+		t.Helper()
+		b, err := wire.AppendSendFrameMetadata(nil, &wire.Send{ProducerID: id, SequenceID: seq},
+			&pulsarpb.MessageMetadata{ProducerName: proto.String(fmt.Sprint("p", id)), SequenceId: proto.Uint64(seq), PublishTime: proto.Uint64(1)}, make([]byte, 10))
+		if _, err := p.FromClient(frameOf(t, b, err), out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(1, 0) // leaves alone
+	send(1, 1) // held in the open batch behind it
+	due := now.Add(10 * time.Millisecond)
+	if d := p.NextDeadline(); !d.Equal(due) {
+		t.Fatalf("deadline %v with producer 1's batch open, want %v", d, due)
+	}
+	now = now.Add(time.Millisecond)
+
+	send(2, 0)
+
+	if d := p.NextDeadline(); d.IsZero() || d.After(due) {
+		t.Fatalf("deadline %v after producer 2's send, want at most %v", d, due)
+	}
+	if _, err := p.FromBroker(receiptFrame(t, 0, 3, 0), out); err != nil { // producer 1's first: its batch leaves
+		t.Fatal(err)
+	}
+	if err := p.Tick(due, out); err != nil {
+		t.Fatal(err)
+	}
+	if d := p.NextDeadline(); !d.IsZero() {
+		t.Fatalf("deadline %v with no batch open", d)
 	}
 }
