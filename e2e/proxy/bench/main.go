@@ -485,6 +485,9 @@ func serveChild(brokerAddr string) {
 	if n, _ := strconv.Atoi(os.Getenv("REBATCHPROXY_BENCH_READBUF")); n > 0 {
 		cfg.ReadBufferCap = n
 	}
+	if n, _ := strconv.Atoi(os.Getenv("REBATCHPROXY_BENCH_EVENT_LOOPS")); n > 0 {
+		cfg.EventLoops = n // -proxy-env REBATCHPROXY_BENCH_EVENT_LOOPS=N
+	}
 	srv, err := proxy.New(cfg)
 	if err != nil {
 		fail(err)
