@@ -168,6 +168,9 @@ type engine struct {
 	noted       uint8 // reasons already logged for sends forwarded as built (see account)
 	// The counters account adds to after every send and receipt, looked up once.
 	sendsC, builtC, verbatimC prometheus.Counter
+	// shared: the engine writes through its topic's shared lane (merge_producers), so what it
+	// does moves the other members' batches and receipts too (see emit).
+	shared bool
 	// held is the client's PRODUCER_SUCCESS, withheld until the bucket producers exist.
 	held      *pulsarpb.CommandProducerSuccess
 	heldReqID uint64
@@ -451,7 +454,7 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 			r.log.Error("rebatch: producer left passthrough", "topic", pp.topic, "producer_id", pp.producerID, "err", err)
 			return Forward, nil
 		}
-		e := &engine{p: p, id: pp.producerID, topic: pp.topic, name: ps.GetProducerName(), kind: kind}
+		e := &engine{p: p, id: pp.producerID, topic: pp.topic, name: ps.GetProducerName(), kind: kind, shared: cfg.Shared != nil}
 		r.producers[pp.producerID] = e
 		if r.m != nil {
 			r.m.activeProds.Inc()
@@ -665,10 +668,20 @@ func (r *rebatchPath) emit(id uint64, e *engine, out Outputs, err error) (Verdic
 	r.processEvents()
 	r.account(e)
 	r.noteBacklog(e)
+	if e.shared && r.backlogged > 0 {
+		// A shared lane's receipts come to its first engine and release every member's sends.
+		for _, o := range r.producers {
+			if o.backlogged && o != e {
+				r.noteBacklog(o)
+			}
+		}
+	}
 	if e.closing && e.p.Pending() == 0 {
 		r.drop(id, e)
 	}
-	if r.deadlineStale {
+	if r.deadlineStale || e.shared {
+		// Each member of a shared lane flushes it by its own max_delay (a reload may give
+		// members of one topic different ones): the earliest is found among them all.
 		r.updateDeadline()
 	} else {
 		r.noteDeadline(e)

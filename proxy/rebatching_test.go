@@ -269,3 +269,122 @@ func TestAnotherProducersSendKeepsAnOpenBatchsDeadline(t *testing.T) {
 		t.Fatalf("deadline %v with no batch open", d)
 	}
 }
+
+// mergedPath returns a path under coalesce with merge_producers (max_pending_sends 4) whose
+// client producers 1 and 2 on a/b/t are ready on their shared lane, the lane's producer id, and
+// the clock the path reads. Producer i is created under max_delay delays[i-1] (the policy
+// reloaded in between when they differ).
+func mergedPath(t *testing.T, delays [2]time.Duration) (ProducerPath, *capture, uint64, *time.Time) {
+	t.Helper()
+	matcher := func(d time.Duration) *route.Matcher[rebatch.Policy] {
+		m, err := route.NewMatcher([]route.Rule[rebatch.Policy]{{Pattern: "a/b/*", Policy: rebatch.Policy{
+			Kind: rebatch.Coalesce, MergeProducers: true, MaxPendingSends: 4, MaxDelay: d}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	pols := NewPolicies(matcher(delays[0]))
+	now := time.Unix(1000, 0)
+	var ids idAllocator
+	p := RebatchPaths(pols, nil, NewChunkDedup(chunkdedup.Config{}), slog.New(slog.NewTextHandler(io.Discard, nil)))(
+		ConnInfo{ID: 1, MaxMessageSize: 5 << 20, Now: func() time.Time { return now }, NewID: ids.next})
+	c := &capture{}
+	out := captureOut{t, c}
+	lane := uint64(0)
+	for _, id := range []uint64{1, 2} {
+		pols.Store(matcher(delays[id-1]))
+		if _, err := p.FromClient(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER.Enum(), Producer: &pulsarpb.CommandProducer{
+			Topic: proto.String("persistent://a/b/t"), ProducerId: proto.Uint64(id), RequestId: proto.Uint64(10 + id)}}), out); err != nil {
+			t.Fatal(err)
+		}
+		c.broker = nil
+		if _, err := p.FromBroker(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER_SUCCESS.Enum(), ProducerSuccess: &pulsarpb.CommandProducerSuccess{
+			RequestId: proto.Uint64(10 + id), ProducerName: proto.String(fmt.Sprint("p", id)), LastSequenceId: proto.Int64(-1)}}), out); err != nil {
+			t.Fatal(err)
+		}
+		for _, cmd := range c.broker { // the shared lane's own producer, opened with the first
+			if cmd.GetType() == pulsarpb.BaseCommand_PRODUCER {
+				lane = cmd.GetProducer().GetProducerId()
+				if _, err := p.FromBroker(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER_SUCCESS.Enum(), ProducerSuccess: &pulsarpb.CommandProducerSuccess{
+					RequestId: proto.Uint64(cmd.GetProducer().GetRequestId()), ProducerName: proto.String(cmd.GetProducer().GetProducerName()), LastSequenceId: proto.Int64(-1)}}), out); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	if lane == 0 {
+		t.Fatal("no shared lane producer was opened")
+	}
+	c.broker, c.client = nil, nil
+	return p, c, lane, &now
+}
+
+// Given two client producers merged on one shared lane (max_pending_sends 4), where producer 2
+// has 3 sends pending (its backlog is high: the proxy stops reading the client),
+// when the broker acknowledges every entry of the lane (receipts come to the lane's first
+// producer's engine),
+// then the backlog clears, so reading from the client resumes.
+func TestSharedLaneReceiptsClearAnotherMembersBacklog(t *testing.T) {
+	p, c, lane, now := mergedPath(t, [2]time.Duration{10 * time.Millisecond, 10 * time.Millisecond})
+	out := captureOut{t, c}
+	for seq := uint64(0); seq < 3; seq++ {
+		b, err := wire.AppendSendFrameMetadata(nil, &wire.Send{ProducerID: 2, SequenceID: seq},
+			&pulsarpb.MessageMetadata{ProducerName: proto.String("p2"), SequenceId: proto.Uint64(seq), PublishTime: proto.Uint64(1)}, make([]byte, 10))
+		if _, err := p.FromClient(frameOf(t, b, err), out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Tick(now.Add(time.Second), out); err != nil { // whatever is open leaves
+		t.Fatal(err)
+	}
+	bl := p.(Backlogger)
+	if !bl.Backlogged() {
+		t.Fatal("3 of 4 sends pending: the backlog must be high")
+	}
+	var receipts []wire.Frame
+	for _, cmd := range c.broker {
+		if s := cmd.GetSend(); cmd.GetType() == pulsarpb.BaseCommand_SEND && s.GetProducerId() == lane {
+			receipts = append(receipts, cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_SEND_RECEIPT.Enum(),
+				SendReceipt: &pulsarpb.CommandSendReceipt{ProducerId: proto.Uint64(lane), SequenceId: proto.Uint64(s.GetSequenceId()),
+					HighestSequenceId: proto.Uint64(s.GetHighestSequenceId()), MessageId: &pulsarpb.MessageIdData{LedgerId: proto.Uint64(3), EntryId: proto.Uint64(s.GetSequenceId())}}}))
+		}
+	}
+	if len(receipts) == 0 {
+		t.Fatal("nothing was sent on the shared lane")
+	}
+
+	for _, f := range receipts {
+		if _, err := p.FromBroker(f, out); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	if bl.Backlogged() {
+		t.Fatalf("every entry acknowledged (%d client receipts out), yet the backlog is still high", len(c.client))
+	}
+}
+
+// Given two client producers merged on one shared lane, producer 1 created under max_delay
+// 100ms and producer 2 under 5ms (the policy was reloaded between them),
+// when producer 1's second send opens a batch on the lane behind its first, in flight,
+// then the path wakes within 5ms: producer 2's engine flushes the shared batch by its own delay.
+func TestSharedLaneWakesAtItsEarliestMembersDelay(t *testing.T) {
+	p, c, _, now := mergedPath(t, [2]time.Duration{100 * time.Millisecond, 5 * time.Millisecond})
+	out := captureOut{t, c}
+	send := func(seq uint64) {
+		t.Helper()
+		b, err := wire.AppendSendFrameMetadata(nil, &wire.Send{ProducerID: 1, SequenceID: seq},
+			&pulsarpb.MessageMetadata{ProducerName: proto.String("p1"), SequenceId: proto.Uint64(seq), PublishTime: proto.Uint64(1)}, make([]byte, 10))
+		if _, err := p.FromClient(frameOf(t, b, err), out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(0)
+
+	send(1)
+
+	if d := p.NextDeadline(); d.IsZero() || d.After(now.Add(5*time.Millisecond)) {
+		t.Fatalf("deadline %v, want at most %v", d, now.Add(5*time.Millisecond))
+	}
+}

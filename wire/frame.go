@@ -231,7 +231,7 @@ func peekCommandType(cmd []byte) (typ pulsarpb.BaseCommand_Type, subLo, subHi in
 	subLo = -1
 	for i := 0; i < len(cmd); {
 		key, n := pbscan.Uvarint(cmd[i:])
-		if n == 0 || key>>3 == 0 {
+		if n == 0 || key>>3 == 0 || key>>3 > 1<<29-1 { // field numbers protobuf allows
 			return 0, -1, 0, false
 		}
 		switch key & 7 {

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
 )
 
@@ -300,5 +302,21 @@ func TestParseSendReadsTheSubCommandADecoderKeeps(t *testing.T) {
 				t.Fatalf("sequence %d (decoder: %d), want %d", s.SequenceID, cmd.GetSend().GetSequenceId(), tc.wantSeq)
 			}
 		})
+	}
+}
+
+// A BaseCommand with a field numbered above 2^29-1 is one the protobuf runtime (and the broker's)
+// refuses, so the frame reader refuses it too, before anything parses its sub-command.
+func TestReadFrameRefusesAFieldNumberProtobufDoesNotAllow(t *testing.T) {
+	cmd := cat([]byte{0x80, 0x80, 0x80, 0x80, 0x10, 0x01}, sendCmd) // field 2^29, varint 1; then a SEND
+
+	_, _, err := ReadFrame(rawFrame(cmd), 1<<20)
+
+	if !errors.Is(err, ErrCorruptFrame) {
+		t.Fatalf("err = %v, want ErrCorruptFrame", err)
+	}
+	var dec pulsarpb.BaseCommand
+	if proto.Unmarshal(cmd, &dec) == nil {
+		t.Fatal("the protobuf runtime decodes it: the reader must not be stricter")
 	}
 }
