@@ -63,8 +63,8 @@ func ParseSendHead(h Head) (Send, error) {
 	if h.Type != pulsarpb.BaseCommand_SEND {
 		return Send{}, ErrMalformedCommand
 	}
-	body, found, ok := pbscan.LastBytes(h.Command, uint64(pulsarpb.BaseCommand_SEND))
-	if !ok || !found {
+	body, ok := subCommand(h.Command, pulsarpb.BaseCommand_SEND)
+	if !ok {
 		return Send{}, ErrMalformedCommand
 	}
 	return parseSendBody(body)

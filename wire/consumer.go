@@ -13,7 +13,8 @@ import (
 // EntryID names a stored entry.
 type EntryID struct{ Ledger, Entry uint64 }
 
-// subCommand returns the body of cmd's sub-command of type t.
+// subCommand returns the body of cmd's sub-command of type t: its last occurrence, as a decoder
+// keeps it (Frame.subCommand has it without the scan when the frame reader saw it).
 func subCommand(cmd []byte, t pulsarpb.BaseCommand_Type) ([]byte, bool) {
 	body, found, ok := pbscan.LastBytes(cmd, uint64(t))
 	return body, ok && found

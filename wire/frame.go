@@ -231,7 +231,7 @@ func peekCommandType(cmd []byte) (typ pulsarpb.BaseCommand_Type, subLo, subHi in
 	subLo = -1
 	for i := 0; i < len(cmd); {
 		key, n := pbscan.Uvarint(cmd[i:])
-		if n == 0 || key>>3 == 0 || key>>3 > 1<<29-1 { // field numbers protobuf allows
+		if n == 0 || key>>3 == 0 || key>>3 > pbscan.MaxFieldNumber {
 			return 0, -1, 0, false
 		}
 		switch key & 7 {
@@ -274,8 +274,7 @@ func (f Frame) subCommand() (body []byte, ok bool) {
 	if f.subOff != 0 {
 		return f.b[f.subOff:f.subEnd:f.subEnd], true
 	}
-	body, found, ok := pbscan.LastBytes(f.Command(), uint64(f.typ))
-	return body, ok && found
+	return subCommand(f.Command(), f.typ)
 }
 
 // Bytes returns the whole frame, size prefix included: what to forward

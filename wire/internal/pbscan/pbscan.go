@@ -19,9 +19,9 @@ const (
 	Fixed32    = 5
 )
 
-// maxFieldNumber is the largest field number protobuf allows (2^29-1); the runtime refuses
+// MaxFieldNumber is the largest field number protobuf allows (2^29-1); the runtime refuses
 // larger ones, and so does Next.
-const maxFieldNumber = 1<<29 - 1
+const MaxFieldNumber = 1<<29 - 1
 
 // maxGroupDepth bounds group nesting, as the protobuf runtime bounds
 // recursion, so hostile input cannot make skipping quadratic or deep.
@@ -78,7 +78,7 @@ func Next(b []byte) (Field, int) {
 		}
 	}
 	key, n := Uvarint(b)
-	if n == 0 || key>>3 == 0 || key>>3 > maxFieldNumber {
+	if n == 0 || key>>3 == 0 || key>>3 > MaxFieldNumber {
 		return Field{}, 0
 	}
 	f := Field{Num: key >> 3, WireType: key & 7}
@@ -134,7 +134,7 @@ func skipGroup(b []byte, num uint64) (contents, end int, ok bool) {
 	for i := 0; i < len(b); {
 		tag := i
 		key, n := Uvarint(b[i:])
-		if n == 0 || key>>3 == 0 || key>>3 > maxFieldNumber {
+		if n == 0 || key>>3 == 0 || key>>3 > MaxFieldNumber {
 			return 0, 0, false
 		}
 		i += n
