@@ -168,8 +168,8 @@ type engine struct {
 	noted       uint8 // reasons already logged for sends forwarded as built (see account)
 	// The counters account adds to after every send and receipt, looked up once.
 	sendsC, builtC, verbatimC prometheus.Counter
-	// shared: the engine writes through its topic's shared lane (merge_producers), so what it
-	// does moves the other members' batches and receipts too (see emit).
+	// shared: the engine writes through its topic's shared lane (merge_producers), whose
+	// receipts it may take for the other members' sends (see emit).
 	shared bool
 	// held is the client's PRODUCER_SUCCESS, withheld until the bucket producers exist.
 	held      *pulsarpb.CommandProducerSuccess
@@ -679,9 +679,7 @@ func (r *rebatchPath) emit(id uint64, e *engine, out Outputs, err error) (Verdic
 	if e.closing && e.p.Pending() == 0 {
 		r.drop(id, e)
 	}
-	if r.deadlineStale || e.shared {
-		// Each member of a shared lane flushes it by its own max_delay (a reload may give
-		// members of one topic different ones): the earliest is found among them all.
+	if r.deadlineStale {
 		r.updateDeadline()
 	} else {
 		r.noteDeadline(e)

@@ -190,9 +190,13 @@ type openBatch struct {
 type lane struct {
 	producerID uint64
 	name       string
-	open       openBatch
-	entries    []inflight // in flight, oldest first; see push and pop
-	base       []inflight // the array entries lives in, from its start, reused once empty
+	// maxDelay is how long a batch may stay open: the policy's for the engine's own lanes, the
+	// shortest of its members' for a shared lane (a reload may give members of one topic
+	// different ones), so that any member's Deadline and Tick agree on it.
+	maxDelay time.Duration
+	open     openBatch
+	entries  []inflight // in flight, oldest first; see push and pop
+	base     []inflight // the array entries lives in, from its start, reused once empty
 	// lastPushed is this producer's de-duplication mark as the broker will have it once it has
 	// judged everything sent (see pushed); on a shared lane, the highest id sent.
 	lastPushed int64
@@ -286,18 +290,21 @@ func NewProducer(cfg Config) (*Producer, error) {
 		}
 	}
 	p := &Producer{cfg: cfg, ownMark: -1}
-	p.lanes = []*lane{{producerID: cfg.ProducerID, name: cfg.ProducerName, lastPushed: cfg.LastSequenceID, persisted: cfg.LastSequenceID, ready: true}}
+	p.lanes = []*lane{{producerID: cfg.ProducerID, name: cfg.ProducerName, maxDelay: cfg.Policy.MaxDelay, lastPushed: cfg.LastSequenceID, persisted: cfg.LastSequenceID, ready: true}}
 	switch cfg.Policy.Kind {
 	case Properties:
 		p.restrict = compileRestriction(cfg.Policy.Restricted)
 	case Coalesce:
-		if cfg.Shared != nil {
-			p.lanes = append(p.lanes, cfg.Shared.l)
+		if sl := cfg.Shared; sl != nil {
+			if sl.l.maxDelay == 0 || cfg.Policy.MaxDelay < sl.l.maxDelay {
+				sl.l.maxDelay = cfg.Policy.MaxDelay
+			}
+			p.lanes = append(p.lanes, sl.l)
 		}
 	case Buckets:
 		p.ring = cfg.Policy.Ring()
 		for i := 0; i < p.ring.Len(); i++ {
-			p.lanes = append(p.lanes, &lane{name: LaneName(cfg.ProducerName, i), lastPushed: -1, persisted: -1})
+			p.lanes = append(p.lanes, &lane{name: LaneName(cfg.ProducerName, i), maxDelay: cfg.Policy.MaxDelay, lastPushed: -1, persisted: -1})
 		}
 	}
 	// Outer metadata of a built entry stays well under 8 KiB; the broker refuses an entry whose
@@ -389,7 +396,7 @@ func (p *Producer) Deadline() (time.Time, bool) {
 	ok := false
 	for i := range p.lanes {
 		if o := &p.lanes[i].open; o.n > 0 {
-			t := o.started.Add(p.cfg.Policy.MaxDelay)
+			t := o.started.Add(p.lanes[i].maxDelay)
 			if !ok || t.Before(d) {
 				d, ok = t, true
 			}
@@ -402,7 +409,7 @@ func (p *Producer) Deadline() (time.Time, bool) {
 func (p *Producer) Tick(now time.Time, out *Output) error {
 	for i := range p.lanes {
 		l := p.lanes[i]
-		if l.open.n > 0 && !now.Before(l.open.started.Add(p.cfg.Policy.MaxDelay)) {
+		if l.open.n > 0 && !now.Before(l.open.started.Add(l.maxDelay)) {
 			p.stats.FlushDelay++
 			if err := p.flush(l, out); err != nil {
 				return err
