@@ -20,6 +20,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -179,29 +180,25 @@ func script() string { return filepath.Join(RepoRoot(), "e2e", "pulsar", "pulsar
 // A port found free can be taken before the broker binds it: the standalone's own bookie and
 // metadata store pick ephemeral ports as they start (seen in CI: "Failed to bind Pulsar broker
 // ... Address already in use"). Such a start is tried again on new ports, twice at most; any
-// other failure is returned at once.
+// other failure is returned at once. pulsar.sh tells the two apart (it exits portLostStatus).
 func StartBroker(opts Options) (*Broker, error) {
 	for attempt := 1; ; attempt++ {
 		var inst string
 		b, err := startBrokerOnce(opts, &inst)
-		if err == nil || attempt == 3 || !portTaken(inst) {
+		if err == nil || attempt == 3 || !portLost(err) {
 			return b, err
 		}
 		fmt.Fprintf(os.Stderr, "e2e: broker %s lost a port to another process while starting; again on new ports (attempt %d)\n", inst, attempt+1)
 	}
 }
 
-// portTaken reports whether instance inst's broker log says a port it was given was taken.
-func portTaken(inst string) bool {
-	if inst == "" {
-		return false
-	}
-	cache := os.Getenv("PULSAR_CACHE_DIR")
-	if cache == "" {
-		cache = filepath.Join(RepoRoot(), ".pulsar")
-	}
-	log, err := os.ReadFile(filepath.Join(cache, "run", inst, "logs", "standalone.out"))
-	return err == nil && bytes.Contains(log, []byte("Address already in use"))
+// portLostStatus is pulsar.sh's exit status for a start that lost a port it was given.
+const portLostStatus = 3
+
+// portLost reports whether err is pulsar.sh's start exiting with portLostStatus.
+func portLost(err error) bool {
+	var ee *exec.ExitError
+	return errors.As(err, &ee) && ee.ExitCode() == portLostStatus
 }
 
 // startBrokerOnce is one attempt of StartBroker; it sets *instOut to the instance name it uses.

@@ -38,7 +38,10 @@
 #
 # The bookie picks a free port itself (standalone's metadata-store mode ignores --bookkeeper-port).
 # Readiness means: GET /admin/v2/brokers/health answers "ok" AND namespace public/default exists.
-# Every wait is bounded; a missing tool prints one line naming it and exits 2.
+# Every wait is bounded; a missing tool prints one line naming it and exits 2. A start whose
+# broker exited because a port it was given was taken meanwhile ("Address already in use": the
+# standalone's bookie and metadata store take ephemeral ports as they start) exits 3, so a
+# caller can try again on other ports.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -258,6 +261,10 @@ cmd_start() {
   until is_ready; do
     if ! running_pid >/dev/null; then
       tail -n 30 "$run/logs/standalone.out" >&2 || true
+      if grep -q 'Address already in use' "$run/logs/standalone.out"; then
+        echo "pulsar.sh: the broker exited during start: a port it was given was taken; log: $run/logs/standalone.out" >&2
+        exit 3
+      fi
       die "the broker exited during start; log: $run/logs/standalone.out"
     fi
     if [ $SECONDS -ge $deadline ]; then
