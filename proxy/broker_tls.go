@@ -76,7 +76,7 @@ func (s *Server) dialBrokerConn(ctx context.Context, addr string) (net.Conn, err
 	if host, _, err := net.SplitHostPort(addr); err == nil {
 		tc.ServerName = host
 	}
-	c := tls.Client(nc, tc)
+	c := tls.Client(newRawConn(nc), tc) // see serveNetConn
 	hctx, cancel := context.WithTimeout(ctx, s.cfg.ConnectTimeout)
 	defer cancel()
 	if err := c.HandshakeContext(hctx); err != nil {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"net"
+	"os"
 	"sync"
 	"time"
 )
@@ -10,17 +11,28 @@ import (
 // The net.Conn transport: a session whose client arrived on a listener gnet
 // cannot serve (TLS: crypto/tls wraps a net.Conn) runs on a goroutine of its
 // own (connLoop), with both of its connections as connSides: a reader
-// goroutine and a writer goroutine per connection, blocking I/O. Backpressure
-// is the plain kind: a parked connSide's reader stops reading, so TCP slows
-// the sender; a slow receiver's writer blocks and its queue grows until the
+// goroutine per connection, blocking reads, which runs the session on what
+// it read when the loop is free; writes from the session go to the socket at
+// once, without blocking (connside_raw.go), and a writer goroutine per
+// connection writes, blocking, only what a slow receiver did not take.
+// Backpressure is the plain kind: a parked connSide's reader stops reading,
+// so TCP slows the sender; a slow receiver's untaken bytes grow until the
 // session pauses the other direction, as on the gnet transport.
 
 // connLoop is the executor of one session on the net.Conn transport: tasks
-// run one at a time, in order, on its goroutine.
+// run one at a time, in order. Whoever runs them owns the loop: its own
+// goroutine, or a connSide's reader handing over what it just read
+// (runHere), which saves a goroutine switch per read. running says the loop
+// is owned; tasks queued while it is are taken by the owner before it lets
+// go, and an inline owner that finds more queued after its own task passes
+// them to the loop's goroutine rather than stay away from its reading.
 type connLoop struct {
 	mu      sync.Mutex
 	tasks   []func()
 	spare   []func()
+	running bool
+	// wake passes ownership to the loop's goroutine; at most one send is
+	// outstanding, since only the owner sends and the goroutine then owns.
 	wake    chan struct{}
 	stopped bool
 	// live counts the connSides not yet finished; the loop ends with the last.
@@ -35,7 +47,9 @@ func newConnLoop() *connLoop {
 
 var errLoopStopped = errors.New("proxy: connection loop stopped")
 
-// run implements executor. Any goroutine may call it.
+// run implements executor: f is queued for the loop's goroutine (or the
+// owner of the moment). Any goroutine may call it, holding any lock: f never
+// runs on the caller's goroutine.
 func (l *connLoop) run(f func()) error {
 	l.mu.Lock()
 	if l.stopped {
@@ -43,35 +57,84 @@ func (l *connLoop) run(f func()) error {
 		return errLoopStopped
 	}
 	l.tasks = append(l.tasks, f)
-	l.mu.Unlock()
-	select {
-	case l.wake <- struct{}{}:
-	default:
+	if l.running {
+		l.mu.Unlock()
+		return nil
 	}
+	l.running = true
+	l.mu.Unlock()
+	l.wake <- struct{}{}
 	return nil
+}
+
+// runHere runs f on the caller's goroutine when the loop is free, else
+// queues it as run does. Only a connSide's reader calls it: a goroutine that
+// holds no lock and that the session never waits for.
+func (l *connLoop) runHere(f func()) error {
+	l.mu.Lock()
+	if l.stopped {
+		l.mu.Unlock()
+		return errLoopStopped
+	}
+	if l.running {
+		l.tasks = append(l.tasks, f)
+		l.mu.Unlock()
+		return nil
+	}
+	l.running = true // nothing is queued while the loop is free
+	l.mu.Unlock()
+	f()
+	l.mu.Lock()
+	if len(l.tasks) > 0 {
+		l.mu.Unlock()
+		l.wake <- struct{}{}
+		return nil
+	}
+	l.releaseLocked()
+	l.mu.Unlock()
+	return nil
+}
+
+// releaseLocked lets the loop go with nothing queued; the loop stops for
+// good once no connSide is left. Called by the owner, holding mu.
+func (l *connLoop) releaseLocked() {
+	l.running = false
+	if l.live == 0 && !l.stopped {
+		l.stopped = true
+		close(l.wake)
+	}
 }
 
 func (l *connLoop) loop() {
 	for range l.wake {
-		l.mu.Lock()
-		batch := l.tasks
-		l.tasks = l.spare[:0]
-		l.mu.Unlock()
-		for i, f := range batch {
-			f()
-			batch[i] = nil
-		}
-		l.mu.Lock()
-		l.spare = batch[:0]
-		done := l.live == 0 && len(l.tasks) == 0
-		if done {
-			l.stopped = true
-		}
-		l.mu.Unlock()
-		if done {
-			return
+		for {
+			l.mu.Lock()
+			batch := l.tasks
+			if len(batch) == 0 {
+				l.releaseLocked()
+				l.mu.Unlock()
+				break
+			}
+			l.tasks = l.spare[:0]
+			l.mu.Unlock()
+			for i, f := range batch {
+				f()
+				batch[i] = nil
+			}
+			l.mu.Lock()
+			l.spare = batch[:0]
+			l.mu.Unlock()
 		}
 	}
+}
+
+// runOnLoop is how a reader hands its input to executor x: inline on a free
+// connLoop, queued on a gnet loop (whose goroutine only gnet may borrow).
+func runOnLoop(x executor, f func()) error {
+	if l, ok := x.(*connLoop); ok {
+		return l.runHere(f)
+	}
+	return x.run(f)
 }
 
 // connReadChunk is what one read hands the session at most.
@@ -83,7 +146,8 @@ const closeFlushTimeout = 5 * time.Second
 // connSide is one net.Conn of a session: both connections of a session on
 // the net.Conn transport, or a TLS broker connection of any session. Its side
 // methods run on the session's executor (a connLoop, or a gnet loop); its
-// reader and writer goroutines touch only the fields under mu.
+// reader goroutine touches only the fields under mu, and raw, whose writer
+// goroutine keeps to raw's own.
 type connSide struct {
 	l  executor
 	e  *end
@@ -94,18 +158,23 @@ type connSide struct {
 	// gone is loop-owned: finish ran.
 	gone bool
 
-	mu       sync.Mutex
-	cond     *sync.Cond
-	parked   bool     // the reader waits before its next read
-	out      outQueue // written by the session, not yet taken by the writer
-	writing  int      // bytes the writer is writing now
-	closing  bool     // the writer flushes, then closes c
-	writeErr error
+	// raw is the TCP connection under c (c itself without TLS): the
+	// outbound side, written on the session's goroutine, spilling to the
+	// writer goroutine what the socket does not take (connside_raw.go).
+	raw *rawConn
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	parked  bool // the reader waits before its next read
+	closing bool // Close ran: writes are refused, the reader stops waiting
 }
 
 // newConnSide starts the reader and writer of c for end e on executor l.
 func newConnSide(l executor, e *end, c net.Conn) *connSide {
-	k := &connSide{l: l, e: e, c: c}
+	k := &connSide{l: l, e: e}
+	k.c, k.raw = rawOf(c)
+	k.raw.readBuffered = k.c != net.Conn(k.raw) // TLS above it
+	k.raw.start()
 	k.cond = sync.NewCond(&k.mu)
 	if cl, ok := l.(*connLoop); ok {
 		cl.mu.Lock()
@@ -113,7 +182,7 @@ func newConnSide(l executor, e *end, c net.Conn) *connSide {
 		cl.mu.Unlock()
 	}
 	go k.reader()
-	go k.writer()
+	go k.raw.writeSpill(k.c)
 	return k
 }
 
@@ -139,10 +208,10 @@ func (k *connSide) reader() {
 		}
 		k.mu.Unlock()
 		buf := <-free
-		n, err := k.c.Read(buf)
+		n, err := k.read(buf)
 		if n > 0 {
 			b := buf[:n]
-			if k.l.run(func() {
+			if runOnLoop(k.l, func() {
 				select {
 				case free <- k.input(b):
 				default: // more buffers than the reader needs: let this one go
@@ -154,10 +223,38 @@ func (k *connSide) reader() {
 			free <- buf
 		}
 		if err != nil {
-			_ = k.l.run(func() { k.finish(err) })
+			_ = runOnLoop(k.l, func() { k.finish(err) })
 			return
 		}
 	}
+}
+
+// read fills buf with one blocking read and then, over TLS, with the
+// records already received: crypto/tls returns one record per Read, and a
+// session handed each on its own writes each frame of a stream of small
+// ones with a TLS record and a write(2) of its own. Runs on the reader.
+func (k *connSide) read(buf []byte) (int, error) {
+	n, err := k.c.Read(buf)
+	if err != nil || !k.raw.readBuffered {
+		return n, err
+	}
+	k.raw.noWait = true
+	for n < len(buf) {
+		m, err := k.c.Read(buf[n:])
+		n += m
+		if err != nil {
+			k.raw.noWait = false
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return n, nil // nothing more received yet
+			}
+			return n, err
+		}
+		if m == 0 {
+			break
+		}
+	}
+	k.raw.noWait = false
+	return n, nil
 }
 
 // input hands the session b, just read, and returns the buffer the reader reads into next. With
@@ -209,44 +306,6 @@ func (k *connSide) handle() {
 	}
 }
 
-func (k *connSide) writer() {
-	var chunks [][]byte
-	var scratch net.Buffers
-	for {
-		k.mu.Lock()
-		for k.out.n == 0 && !k.closing {
-			k.cond.Wait()
-		}
-		if k.out.n == 0 { // closing, everything written
-			k.mu.Unlock()
-			_ = k.c.Close() // the reader's Read fails: it reports the close to the loop
-			return
-		}
-		k.writing = k.out.n
-		chunks = k.out.take(chunks)
-		closing := k.closing
-		k.mu.Unlock()
-		if closing {
-			_ = k.c.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
-		}
-		var err error
-		_, scratch, err = writeChunks(k.c, chunks, scratch)
-		releaseChunks(chunks)
-		k.mu.Lock()
-		k.writing = 0
-		if err != nil {
-			k.writeErr = err
-			k.out.drop()
-			k.closing = true
-		}
-		k.mu.Unlock()
-		if err != nil {
-			_ = k.c.Close()
-			return
-		}
-	}
-}
-
 // InboundBuffered implements side.
 func (k *connSide) InboundBuffered() int { return len(k.in) }
 
@@ -264,27 +323,27 @@ func (k *connSide) Discard(n int) {
 	}
 }
 
-// Write implements side: b is queued for the writer goroutine.
+// Write implements side: b is written now (sealed into TLS records on this
+// goroutine when the side has TLS); what the socket does not take waits for
+// the writer goroutine. It never blocks.
 func (k *connSide) Write(b []byte) (int, error) {
 	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.writeErr != nil {
-		return 0, k.writeErr
-	}
-	if k.closing {
+	closing := k.closing
+	k.mu.Unlock()
+	if closing {
 		return 0, net.ErrClosed
 	}
-	k.out.append(b)
-	k.cond.Broadcast()
-	return len(b), nil
+	if k.c == net.Conn(k.raw) {
+		return k.raw.Write(b)
+	}
+	k.raw.gather()
+	n, err := k.c.Write(b)
+	k.raw.release()
+	return n, err
 }
 
 // OutboundBuffered implements side.
-func (k *connSide) OutboundBuffered() int {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.out.n + k.writing
-}
+func (k *connSide) OutboundBuffered() int { return k.raw.buffered() }
 
 // Close implements side: what is queued is written (bounded by
 // closeFlushTimeout), then the connection closes and finish runs.
@@ -293,6 +352,7 @@ func (k *connSide) Close() {
 	k.closing = true
 	k.cond.Broadcast()
 	k.mu.Unlock()
+	k.raw.closeAfterSpill()
 }
 
 // finish reports the side closed for good to the session, once. Runs on the loop.
@@ -338,5 +398,5 @@ func (k *connSide) Unpark() {
 // Gone implements side.
 func (k *connSide) Gone() bool { return k.gone }
 
-// FlushOut implements side; the writer goroutine writes on its own.
+// FlushOut implements side; raw's writer goroutine writes on its own.
 func (k *connSide) FlushOut() error { return nil }

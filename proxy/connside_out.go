@@ -5,9 +5,10 @@ import (
 	"sync"
 )
 
-// outQueue is a connSide's outbound bytes: fixed-size chunks from a pool,
-// filled in order. The session's writes are copied once, into the chunks;
-// the writer goroutine takes the whole queue and writes it chunk by chunk.
+// outQueue is a connSide's spill (connside_raw.go): the outbound bytes its
+// socket did not take, in fixed-size chunks from a pool, filled in order.
+// They are copied once, into the chunks; the writer goroutine takes the
+// whole queue and writes it chunk by chunk.
 // A single growing slice would do the same with fewer lines, but appending
 // to one re-copies everything queued each time it grows (at 1.25x for large
 // slices: four times the queue's high-water mark per connection, 11 % of the

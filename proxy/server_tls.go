@@ -115,11 +115,13 @@ func (s *Server) serveNetConn(nc net.Conn, useTLS bool, pinned string) {
 		_ = nc.Close()
 		return
 	}
-	conn := nc
+	// TLS runs over a rawConn, so the session's writes go to the socket
+	// without a writer goroutine (connside_raw.go).
+	conn := net.Conn(newRawConn(nc))
 	var role string
 	var verified bool
 	if useTLS {
-		tc := tls.Server(nc, s.tls.conf)
+		tc := tls.Server(conn, s.tls.conf)
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HandshakeTimeout)
 		err := tc.HandshakeContext(ctx)
 		cancel()

@@ -159,3 +159,23 @@ func TestSlowBrokerSlowsATLSClient(t *testing.T) {
 		t.Errorf("hard limit reached:\n%s", logs)
 	}
 }
+
+// Given a proxy (64 KiB soft, 256 KiB hard limit) with a TLS client that stops reading,
+// when the broker sends 32 MiB of MESSAGEs,
+// then the broker is slowed while the proxy holds less than the hard limit (what the client's
+// socket does not take waits in its side's spill, which backpressure counts), and once the
+// client reads it gets every byte in order, decrypted.
+func TestSlowTLSConsumerSlowsTheBroker(t *testing.T) {
+	fb := newFakeBroker(t)
+	srv, files, logs := startTLSProxy(t, fb, bpConfig)
+	c, broker := tlsHandshake(t, srv, files, fb)
+
+	stallThenDrain(t, srv, broker, c, messageFrames(t, 1000, 32<<10), 2*time.Second, 256<<10)
+
+	if n := srv.m.parks[toClient].Load(); n == 0 {
+		t.Error("the broker connection was never parked")
+	}
+	if strings.Contains(logs.String(), "buffer limit") {
+		t.Errorf("hard limit reached:\n%s", logs)
+	}
+}
