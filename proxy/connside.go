@@ -140,14 +140,16 @@ func runOnLoop(x executor, f func()) error {
 // connReadChunk is what one read hands the session at most.
 const connReadChunk = 64 << 10
 
-// closeFlushTimeout bounds writing what is queued for a side being closed.
-const closeFlushTimeout = 5 * time.Second
+// closeFlushTimeout bounds writing what is queued for a side being closed
+// (a variable only so that specs can wait less).
+var closeFlushTimeout = 5 * time.Second
 
 // connSide is one net.Conn of a session: both connections of a session on
 // the net.Conn transport, or a TLS broker connection of any session. Its side
-// methods run on the session's executor (a connLoop, or a gnet loop); its
-// reader goroutine touches only the fields under mu, and raw, whose writer
-// goroutine keeps to raw's own.
+// methods run on the session's executor (a connLoop, or a gnet loop), which
+// its reader goroutine may be while it runs its input (runHere); otherwise
+// the reader touches only the fields under mu and raw's read side, and raw's
+// writer goroutine only raw's fields under raw.mu.
 type connSide struct {
 	l  executor
 	e  *end
@@ -174,6 +176,7 @@ func newConnSide(l executor, e *end, c net.Conn) *connSide {
 	k := &connSide{l: l, e: e}
 	k.c, k.raw = rawOf(c)
 	k.raw.readBuffered = k.c != net.Conn(k.raw) // TLS above it
+	k.raw.closed = k.socketClosed
 	k.raw.start()
 	k.cond = sync.NewCond(&k.mu)
 	if cl, ok := l.(*connLoop); ok {
@@ -186,10 +189,11 @@ func newConnSide(l executor, e *end, c net.Conn) *connSide {
 	return k
 }
 
-// readAhead is how many read buffers a connSide's reader may hold: it reads
-// into one while the session handles what it read into the other, so that
-// reading (and TLS decryption) overlaps the session's work instead of
-// waiting for it.
+// readAhead is how many read buffers a connSide's reader may hold: when the
+// session's executor is busy (running the other side's input, or a gnet
+// loop's other connections) the reader's input waits in the queue and the
+// reader reads into the other buffer, so reading (and TLS decryption)
+// overlaps the session's work instead of waiting for it.
 const readAhead = 2
 
 func (k *connSide) reader() {
@@ -336,10 +340,28 @@ func (k *connSide) Write(b []byte) (int, error) {
 	if k.c == net.Conn(k.raw) {
 		return k.raw.Write(b)
 	}
-	k.raw.gather()
-	n, err := k.c.Write(b)
-	k.raw.release()
-	return n, err
+	n := 0
+	for len(b) > 0 {
+		m := min(len(b), sealPiece)
+		k.raw.gather()
+		_, err := k.c.Write(b[:m])
+		k.raw.release()
+		if err != nil {
+			return n, err
+		}
+		n += m
+		b = b[m:]
+	}
+	return n, nil
+}
+
+// socketClosed stops a parked reader's wait: the writer closed the
+// connection (the side closed, or a write failed). Runs on the writer.
+func (k *connSide) socketClosed() {
+	k.mu.Lock()
+	k.closing = true
+	k.cond.Broadcast()
+	k.mu.Unlock()
 }
 
 // OutboundBuffered implements side.

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -29,6 +30,11 @@ import (
 // and the side's reader can then take the records already received without
 // a chance of blocking (noWait), to hand the session many frames at once.
 //
+// An idle connection holds no buffer here: the read buffer is borrowed from
+// a pool when the socket is readable and returned once TLS has taken it,
+// and the gathering buffer is borrowed for one write (contract 7). Only the
+// spill grows, and backpressure bounds it.
+//
 // Write may be called from any goroutine (crypto/tls writes alerts from the
 // reader's); the fields below mu are shared with the writer goroutine. The
 // read fields belong to whoever reads: the handshake's goroutine, then the
@@ -39,7 +45,8 @@ type rawConn struct {
 
 	readBuffered bool   // set before the reader starts
 	noWait       bool   // a Read finding rbuf empty fails at once (os.ErrDeadlineExceeded)
-	rbuf         []byte // read from the socket, not yet taken (from roff on)
+	rbuf         []byte // read from the socket, not yet taken (from roff on); nil when empty
+	rarr         *[connReadChunk]byte
 	roff         int
 
 	mu      sync.Mutex
@@ -49,15 +56,24 @@ type rawConn struct {
 	writing int      // bytes of the spill the writer is writing now
 	closing bool     // the writer writes the spill, then closes the connection
 	err     error    // the first write error; every later write fails with it
-	// held: a connSide write is being sealed into TLS records, which
-	// gather in hold and leave together at release (one write(2) where
-	// crypto/tls makes one per 16 KiB record).
+	// held: a connSide write (at most sealPiece bytes) is being sealed into
+	// TLS records, which gather in hold (a pooled chunk, borrowed for the
+	// write) and leave together at release: one write(2) where crypto/tls
+	// makes one per record of at most 16 KiB.
 	held bool
 	hold []byte
+	// closed runs on the writer goroutine once it has closed the
+	// connection, so that a parked reader stops waiting for a dead socket.
+	closed func()
 }
 
-// maxKeptHold is the largest hold buffer kept between writes.
-const maxKeptHold = 256 << 10
+// sealPiece is the most a connSide hands crypto/tls in one gathered write:
+// its records, with their headers, nonces and tags, fit one outQueue chunk.
+const sealPiece = outChunkSize - 4<<10
+
+// readChunkPool holds the arrays rawConn reads into; a socket waiting for
+// input holds none.
+var readChunkPool = sync.Pool{New: func() any { return new([connReadChunk]byte) }}
 
 // newRawConn wraps c (a connection just accepted or dialled).
 func newRawConn(c net.Conn) *rawConn {
@@ -85,28 +101,60 @@ func rawOf(c net.Conn) (net.Conn, *rawConn) {
 	return r, r
 }
 
-// Read implements net.Conn: see the type's doc.
+// Read implements net.Conn: see the type's doc. It runs on the reader.
 func (r *rawConn) Read(p []byte) (int, error) {
-	if r.roff < len(r.rbuf) {
-		n := copy(p, r.rbuf[r.roff:])
-		r.roff += n
-		return n, nil
+	if r.rbuf != nil {
+		return r.take(p), nil
 	}
 	if r.noWait {
 		// A timeout, which crypto/tls takes as temporary: the record it
 		// has begun stays buffered for the next Read.
 		return 0, os.ErrDeadlineExceeded
 	}
-	if !r.readBuffered {
+	if !r.readBuffered || r.rc == nil {
 		return r.Conn.Read(p)
 	}
-	if r.rbuf == nil {
-		r.rbuf = make([]byte, connReadChunk)
+	var n int
+	var rerr error
+	err := r.rc.Read(func(fd uintptr) bool {
+		a := readChunkPool.Get().(*[connReadChunk]byte)
+		for {
+			n, rerr = unix.Read(int(fd), a[:])
+			if rerr != unix.EINTR {
+				break
+			}
+		}
+		if rerr == unix.EAGAIN {
+			readChunkPool.Put(a)
+			return false // wait for input, holding no buffer
+		}
+		if n > 0 {
+			r.rarr, r.rbuf, r.roff = a, a[:n], 0
+		} else {
+			readChunkPool.Put(a)
+		}
+		return true
+	})
+	switch {
+	case err != nil:
+		return 0, err
+	case rerr != nil:
+		return 0, &net.OpError{Op: "read", Net: "tcp", Source: r.LocalAddr(), Addr: r.RemoteAddr(), Err: os.NewSyscallError("read", rerr)}
+	case n == 0:
+		return 0, io.EOF
 	}
-	n, err := r.Conn.Read(r.rbuf[:cap(r.rbuf)])
-	r.rbuf = r.rbuf[:max(n, 0)]
-	r.roff = copy(p, r.rbuf)
-	return r.roff, err
+	return r.take(p), nil
+}
+
+// take copies what rbuf holds to p, returning the array once it is all taken.
+func (r *rawConn) take(p []byte) int {
+	n := copy(p, r.rbuf[r.roff:])
+	r.roff += n
+	if r.roff == len(r.rbuf) {
+		readChunkPool.Put(r.rarr)
+		r.rarr, r.rbuf, r.roff = nil, nil, 0
+	}
+	return n
 }
 
 // start makes writes non-blocking; called once, before the side's first write.
@@ -119,14 +167,15 @@ func (r *rawConn) start() {
 // Write implements net.Conn: see the type's doc.
 func (r *rawConn) Write(b []byte) (int, error) {
 	r.mu.Lock()
-	if !r.async {
+	if r.err != nil {
+		r.mu.Unlock()
+		return 0, r.err
+	}
+	if !r.async { // the handshake, or the writer's close (the session writes no more)
 		r.mu.Unlock()
 		return r.Conn.Write(b)
 	}
 	defer r.mu.Unlock()
-	if r.err != nil {
-		return 0, r.err
-	}
 	n := len(b)
 	if r.held {
 		r.hold = append(r.hold, b...)
@@ -149,6 +198,7 @@ func (r *rawConn) Write(b []byte) (int, error) {
 func (r *rawConn) gather() {
 	r.mu.Lock()
 	r.held = true
+	r.hold = outChunkPool.Get().(*[outChunkSize]byte)[:0]
 	r.mu.Unlock()
 }
 
@@ -167,11 +217,10 @@ func (r *rawConn) release() {
 			r.cond.Broadcast()
 		}
 	}
-	if cap(r.hold) > maxKeptHold {
-		r.hold = nil
-	} else {
-		r.hold = r.hold[:0]
+	if cap(r.hold) == outChunkSize { // unless sealing outgrew it
+		outChunkPool.Put((*[outChunkSize]byte)(r.hold[:outChunkSize]))
 	}
+	r.hold = nil
 }
 
 // tryWrite writes what the socket takes at once and returns how much; a
@@ -214,13 +263,18 @@ func (r *rawConn) buffered() int {
 	return r.spill.n + r.writing
 }
 
-// closeAfterSpill asks the writer to write the spill (bounded by
-// closeFlushTimeout), then close the connection.
+// closeAfterSpill asks the writer to write the spill, then close the
+// connection. The deadline bounds a write already blocked on a receiver that
+// stopped reading, too.
 func (r *rawConn) closeAfterSpill() {
 	r.mu.Lock()
+	first := !r.closing
 	r.closing = true
 	r.cond.Broadcast()
 	r.mu.Unlock()
+	if first {
+		_ = r.Conn.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
+	}
 }
 
 // writeSpill is the side's writer goroutine: it writes the spill, blocking,
@@ -235,17 +289,17 @@ func (r *rawConn) writeSpill(closer net.Conn) {
 			r.cond.Wait()
 		}
 		if r.spill.n == 0 { // closing, everything written
+			// Writes block again, so the close_notify crypto/tls sends
+			// goes out (under its own deadline) instead of spilling.
+			r.async = false
 			r.mu.Unlock()
 			_ = closer.Close() // the reader's Read fails: it reports the close to the loop
+			r.closed()
 			return
 		}
 		r.writing = r.spill.n
 		chunks = r.spill.take(chunks)
-		closing := r.closing
 		r.mu.Unlock()
-		if closing {
-			_ = r.Conn.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
-		}
 		var err error
 		_, scratch, err = writeChunks(r.Conn, chunks, scratch)
 		releaseChunks(chunks)
@@ -261,6 +315,7 @@ func (r *rawConn) writeSpill(closer net.Conn) {
 		r.mu.Unlock()
 		if err != nil {
 			_ = r.Conn.Close()
+			r.closed()
 			return
 		}
 	}

@@ -167,10 +167,13 @@
 // sides (side.go). The gnet transport (server.go, sock.go) serves the
 // plaintext listener and dials brokers onto the client's loop. The net.Conn
 // transport (connside.go) serves the TLS listener (server_tls.go): each
-// session runs on a goroutine of its own (connLoop) with a reader and a
-// writer goroutine per connection, blocking I/O; parking a side stops its
-// reader after the read it is in, so backpressure reaches the sender as on
-// the gnet transport. A TLS client's lookup answers carry brokerServiceUrlTls
+// session runs on an executor of its own (connLoop), with a reader goroutine
+// per connection that blocks in reads and runs the session on what it read
+// when the executor is free; the session's writes go to the socket at once
+// without blocking, and a writer goroutine per connection writes, blocking,
+// only what a slow receiver did not take (connside_raw.go). Parking a side
+// stops its reader after the read it is in, so backpressure reaches the
+// sender as on the gnet transport. A TLS client's lookup answers carry brokerServiceUrlTls
 // = pulsar+ssl://<the broker's plaintext address> (setTLSURL): TLS clients
 // name that URL in proxy_to_broker_url, and the proxy dials the plaintext
 // address (BrokerAddress), so the allow-list treats both spellings alike.
@@ -178,7 +181,9 @@
 // connection with a rate-limited log line naming the reason.
 // With TLS to brokers (Config.BrokerTLS, broker_tls.go), every session's
 // broker side is a connSide on the session's own executor (a gnet loop or
-// a connLoop), since gnet cannot carry TLS; lookup answers are rewritten to
+// a connLoop), since gnet cannot carry TLS: a plaintext client's loop then
+// seals the records towards the broker itself (AES-GCM costs less than the
+// write(2) it precedes, and there is no hand-off to a writer goroutine); lookup answers are rewritten to
 // name the broker's TLS address in both URL fields, so the proxy dials TLS
 // addresses only.
 //

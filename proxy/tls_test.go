@@ -179,3 +179,29 @@ func TestSlowTLSConsumerSlowsTheBroker(t *testing.T) {
 		t.Errorf("hard limit reached:\n%s", logs)
 	}
 }
+
+// Given a TLS client that stopped reading while the broker sent it more than its socket holds
+// (the proxy's write towards it blocked, the broker parked),
+// when the session is closed (as when the drain deadline of a shutdown passes),
+// then the client's side is closed within the close flush timeout and the session ends,
+// although the client never reads again: a blocked write does not keep a closed session alive.
+func TestClosingASessionBoundsAWriteBlockedOnAStalledTLSClient(t *testing.T) {
+	defer func(d time.Duration) { closeFlushTimeout = d }(closeFlushTimeout)
+	closeFlushTimeout = 500 * time.Millisecond
+	fb := newFakeBroker(t)
+	srv, files, _ := startTLSProxy(t, fb, bpConfig)
+	_, broker := tlsHandshake(t, srv, files, fb)
+	data := messageFrames(t, 1000, 32<<10)
+	go func() { _, _ = broker.Write(data) }()
+	time.Sleep(time.Second) // the client's socket and the proxy's output towards it fill
+
+	srv.sessions.Range(func(k, _ any) bool { k.(*session).closeAsync(ErrShutdown); return true })
+
+	deadline := time.Now().Add(closeFlushTimeout + 3*time.Second)
+	for srv.nsessions.Load() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d session(s) still open %s after the close; the blocked write was not bounded", srv.nsessions.Load(), closeFlushTimeout+3*time.Second)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
