@@ -176,22 +176,26 @@ func (r *rawConn) Write(b []byte) (int, error) {
 		return r.Conn.Write(b)
 	}
 	defer r.mu.Unlock()
-	n := len(b)
 	if r.held {
 		r.hold = append(r.hold, b...)
-		return n, nil
+		return len(b), nil
 	}
+	if r.send(b); r.err != nil {
+		return 0, r.err
+	}
+	return len(b), nil
+}
+
+// send writes b to the socket if nothing waits before it, and spills what
+// the socket does not take; a failure sets err. Holds mu.
+func (r *rawConn) send(b []byte) {
 	if r.spill.n == 0 && r.writing == 0 {
 		b = b[r.tryWrite(b):]
-		if r.err != nil {
-			return 0, r.err
-		}
 	}
-	if len(b) > 0 {
+	if r.err == nil && len(b) > 0 {
 		r.spill.append(b)
 		r.cond.Broadcast()
 	}
-	return n, nil
 }
 
 // gather starts holding writes; release writes what was held.
@@ -207,15 +211,8 @@ func (r *rawConn) release() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.held = false
-	b := r.hold
-	if r.err == nil && len(b) > 0 {
-		if r.spill.n == 0 && r.writing == 0 {
-			b = b[r.tryWrite(b):]
-		}
-		if r.err == nil && len(b) > 0 {
-			r.spill.append(b)
-			r.cond.Broadcast()
-		}
+	if r.err == nil && len(r.hold) > 0 {
+		r.send(r.hold)
 	}
 	if cap(r.hold) == outChunkSize { // unless sealing outgrew it
 		outChunkPool.Put((*[outChunkSize]byte)(r.hold[:outChunkSize]))
@@ -225,7 +222,7 @@ func (r *rawConn) release() {
 
 // tryWrite writes what the socket takes at once and returns how much; a
 // failure other than a full socket sets err and asks the writer to close.
-// Holds mu.
+// Called with nothing spilled or being written. Holds mu.
 func (r *rawConn) tryWrite(b []byte) int {
 	if r.rc == nil {
 		return 0
@@ -249,7 +246,6 @@ func (r *rawConn) tryWrite(b []byte) int {
 	if werr != nil {
 		r.err = werr
 		r.closing = true
-		r.spill.drop()
 		r.cond.Broadcast()
 		return 0
 	}
@@ -305,18 +301,18 @@ func (r *rawConn) writeSpill(closer net.Conn) {
 		releaseChunks(chunks)
 		r.mu.Lock()
 		r.writing = 0
-		if err != nil && r.err == nil {
+		if err == nil {
+			r.mu.Unlock()
+			continue
+		}
+		if r.err == nil {
 			r.err = err
 		}
-		if err != nil {
-			r.spill.drop()
-			r.closing = true
-		}
+		r.spill.drop()
+		r.closing = true
 		r.mu.Unlock()
-		if err != nil {
-			_ = r.Conn.Close()
-			r.closed()
-			return
-		}
+		_ = r.Conn.Close()
+		r.closed()
+		return
 	}
 }
