@@ -262,7 +262,7 @@ cmd_start() {
     if ! running_pid >/dev/null; then
       tail -n 30 "$run/logs/standalone.out" >&2 || true
       if grep -q 'Address already in use' "$run/logs/standalone.out"; then
-        echo "pulsar.sh: the broker exited during start: a port it was given was taken; log: $run/logs/standalone.out" >&2
+        log "the broker exited during start: a port it was given was taken; log: $run/logs/standalone.out"
         exit 3
       fi
       die "the broker exited during start; log: $run/logs/standalone.out"
