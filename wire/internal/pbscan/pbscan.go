@@ -6,6 +6,8 @@
 // The functions are pure and safe for concurrent use.
 package pbscan
 
+import "math"
+
 // Wire types. Pulsar messages never use groups, but protobuf decoders
 // (Go's, and so the proxy's full decodes) skip a group found where an
 // unknown field may be, so Next skips them too rather than call the
@@ -134,7 +136,9 @@ func skipGroup(b []byte, num uint64) (contents, end int, ok bool) {
 	for i := 0; i < len(b); {
 		tag := i
 		key, n := Uvarint(b[i:])
-		if n == 0 || key>>3 == 0 || key>>3 > MaxFieldNumber {
+		// Inside a group the runtime reads tags as protowire.ConsumeTag does, taking any
+		// field number that fits an int32, not only those up to MaxFieldNumber.
+		if n == 0 || key>>3 == 0 || key>>3 > math.MaxInt32 {
 			return 0, 0, false
 		}
 		i += n
