@@ -155,8 +155,11 @@ type connSide struct {
 	e  *end
 	c  net.Conn
 	in []byte // loop-owned: read, not yet consumed
-	// inBase is loop-owned: the whole array in lives in, reused once in is consumed.
+	// inBase is loop-owned: the whole array in lives in, let go once in is consumed.
 	inBase []byte
+	// tlsMore is the reader's: its last read over TLS filled its buffer, so
+	// crypto/tls or raw may hold records already received.
+	tlsMore bool
 	// gone is loop-owned: finish ran.
 	gone bool
 
@@ -176,6 +179,8 @@ func newConnSide(l executor, e *end, c net.Conn) *connSide {
 	k := &connSide{l: l, e: e}
 	k.c, k.raw = rawOf(c)
 	k.raw.readBuffered = k.c != net.Conn(k.raw) // TLS above it
+	// The handshake may have read records past its own: take them first.
+	k.tlsMore = k.raw.readBuffered
 	k.raw.closed = k.socketClosed
 	k.raw.start()
 	k.cond = sync.NewCond(&k.mu)
@@ -189,21 +194,28 @@ func newConnSide(l executor, e *end, c net.Conn) *connSide {
 	return k
 }
 
-// readAhead is how many read buffers a connSide's reader may hold: when the
-// session's executor is busy (running the other side's input, or a gnet
-// loop's other connections) the reader's input waits in the queue and the
-// reader reads into the other buffer, so reading (and TLS decryption)
-// overlaps the session's work instead of waiting for it.
+// readAhead is how many reads a connSide's reader may have handed the
+// session and not yet seen run: when the session's executor is busy (running
+// the other side's input, or a gnet loop's other connections) the reader's
+// input waits in the queue and the reader reads on, so reading (and TLS
+// decryption) overlaps the session's work instead of waiting for it.
 const readAhead = 2
 
+// The reader's buffers. Each read goes into an array of readChunkPool,
+// borrowed once the socket is readable (rawConn.readChunk); the session
+// takes it as its input as it is, with nothing left unconsumed before it,
+// or appends it to what is, and returns every array it no longer needs to
+// the pool when its call ends. An idle side, a parked one too, thus holds
+// no buffer: only a frame begun and not yet complete stays (the inbound
+// bytes that backpressure counts), and crypto/tls's own record buffers.
+
 func (k *connSide) reader() {
-	// free holds the buffers the reader may read into. The session gives one
-	// back for every buffer it is handed (input), so the reader waits only
-	// while every buffer is with the session. The session's send never
-	// blocks: free has room for more buffers than ever circulate.
-	free := make(chan []byte, 2*readAhead)
+	// turns counts the reads the reader may hand the session before it sees
+	// one run. The session gives a turn back for every read it runs; its
+	// send never blocks (the channel has room for every turn).
+	turns := make(chan struct{}, readAhead)
 	for range readAhead {
-		free <- make([]byte, connReadChunk)
+		turns <- struct{}{}
 	}
 	for {
 		k.mu.Lock()
@@ -211,20 +223,22 @@ func (k *connSide) reader() {
 			k.cond.Wait()
 		}
 		k.mu.Unlock()
-		buf := <-free
-		n, err := k.read(buf)
+		<-turns
+		a, n, err := k.read()
 		if n > 0 {
-			b := buf[:n]
+			b := a[:n]
 			if runOnLoop(k.l, func() {
+				k.input(b)
 				select {
-				case free <- k.input(b):
-				default: // more buffers than the reader needs: let this one go
+				case turns <- struct{}{}:
+				default:
 				}
 			}) != nil {
+				readChunkPool.Put(a)
 				return
 			}
 		} else {
-			free <- buf
+			turns <- struct{}{}
 		}
 		if err != nil {
 			_ = runOnLoop(k.l, func() { k.finish(err) })
@@ -233,54 +247,75 @@ func (k *connSide) reader() {
 	}
 }
 
-// read fills buf with one blocking read and then, over TLS, with the
-// records already received: crypto/tls returns one record per Read, and a
-// session handed each on its own writes each frame of a stream of small
-// ones with a TLS record and a write(2) of its own. Runs on the reader.
-func (k *connSide) read(buf []byte) (int, error) {
-	n, err := k.c.Read(buf)
-	if err != nil || !k.raw.readBuffered {
-		return n, err
+// read waits for input and returns it in an array of readChunkPool (n > 0),
+// or no array. Over TLS it first waits for the socket (holding no buffer)
+// and then takes every record already received: crypto/tls returns one
+// record per Read, and a session handed each on its own writes each frame
+// of a stream of small ones with a TLS record and a write(2) of its own.
+// Runs on the reader.
+func (k *connSide) read() (*[connReadChunk]byte, int, error) {
+	if !k.raw.readBuffered {
+		return k.raw.readChunk()
 	}
+	if !k.tlsMore {
+		k.raw.fill()
+	}
+	a := readChunkPool.Get().(*[connReadChunk]byte)
+	buf := a[:]
+	n := 0
+	var err error
 	k.raw.noWait = true
 	for n < len(buf) {
-		m, err := k.c.Read(buf[n:])
+		var m int
+		m, err = k.c.Read(buf[n:])
 		n += m
 		if err != nil {
-			k.raw.noWait = false
 			if errors.Is(err, os.ErrDeadlineExceeded) {
-				return n, nil // nothing more received yet
+				err = nil // nothing more received yet
 			}
-			return n, err
+			break
 		}
 		if m == 0 {
 			break
 		}
 	}
 	k.raw.noWait = false
-	return n, nil
+	// A full buffer may leave records, or a record's rest, in crypto/tls
+	// or in raw: the next read takes them before it waits.
+	k.tlsMore = n == len(buf)
+	if n == 0 {
+		readChunkPool.Put(a)
+		return nil, 0, err
+	}
+	return a, n, err
 }
 
-// input hands the session b, just read, and returns the buffer the reader reads into next. With
-// nothing left unconsumed, b's array becomes the input as it is (no copy) and the reader gets the
-// consumed one back; else b is appended. The session keeps no slice of its input past a call
-// (as on gnet, whose buffer is reused), so a consumed array is free. Runs on the loop.
-func (k *connSide) input(b []byte) []byte {
+// input hands the session b, just read (in an array of readChunkPool).
+// With nothing left unconsumed, b's array becomes the input as it is (no
+// copy); else b is appended and its array goes back to the pool. The
+// session keeps no slice of its input past a call (as on gnet, whose buffer
+// is reused), so the array is free once handle has consumed it. Runs on the
+// loop.
+func (k *connSide) input(b []byte) {
 	if k.gone {
-		return b
+		putReadChunk(b)
+		return
 	}
 	if len(k.in) > 0 {
 		k.appendInput(b)
-		k.handle()
-		return b[:cap(b)]
+		putReadChunk(b)
+	} else {
+		k.in, k.inBase = b, b[:cap(b)]
 	}
-	spare := k.inBase
-	k.in, k.inBase = b, b[:cap(b)]
 	k.handle()
-	if cap(spare) < connReadChunk {
-		spare = make([]byte, connReadChunk)
+}
+
+// putReadChunk returns the array b begins to readChunkPool; an array of
+// another size (input grown past one read) is left to the collector.
+func putReadChunk(b []byte) {
+	if cap(b) == connReadChunk {
+		readChunkPool.Put((*[connReadChunk]byte)(b[:connReadChunk]))
 	}
-	return spare[:cap(spare)]
 }
 
 // appendInput appends b to the unconsumed input, moving it to the front of its array first
@@ -296,17 +331,18 @@ func (k *connSide) appendInput(b []byte) {
 	}
 }
 
-// maxKeptInput is the largest input array kept for reuse once consumed; a burst's bigger one
-// is let go.
-const maxKeptInput = 1 << 20
-
-// handle runs the session on the buffered input. Runs on the loop.
+// handle runs the session on the buffered input, then lets the input's
+// array go if the session consumed all of it. Runs on the loop.
 func (k *connSide) handle() {
 	if k.gone || len(k.in) == 0 {
 		return
 	}
 	if k.e.s.onTraffic(k.e) == closeSide {
 		k.Close()
+	}
+	if len(k.in) == 0 && k.inBase != nil {
+		putReadChunk(k.inBase)
+		k.in, k.inBase = nil, nil
 	}
 }
 
@@ -316,16 +352,9 @@ func (k *connSide) InboundBuffered() int { return len(k.in) }
 // Peek implements side.
 func (k *connSide) Peek(n int) ([]byte, error) { return k.in[:n], nil }
 
-// Discard implements side.
-func (k *connSide) Discard(n int) {
-	k.in = k.in[n:]
-	if len(k.in) == 0 {
-		if cap(k.inBase) > maxKeptInput {
-			k.inBase = nil // let a burst's buffer go
-		}
-		k.in = k.inBase[:0]
-	}
-}
+// Discard implements side. The input's array stays until handle returns:
+// the session may still be writing the frames it just discarded.
+func (k *connSide) Discard(n int) { k.in = k.in[n:] }
 
 // Write implements side: b is written now (sealed into TLS records on this
 // goroutine when the side has TLS); what the socket does not take waits for
@@ -384,7 +413,10 @@ func (k *connSide) finish(err error) {
 	}
 	k.gone = true
 	k.Close()
-	k.in = nil
+	if k.inBase != nil {
+		putReadChunk(k.inBase)
+	}
+	k.in, k.inBase = nil, nil
 	k.e.s.onClose(k.e, k, err)
 	if cl, ok := k.l.(*connLoop); ok {
 		cl.mu.Lock()

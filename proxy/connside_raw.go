@@ -43,11 +43,12 @@ type rawConn struct {
 	net.Conn
 	rc syscall.RawConn // nil when Conn gives no descriptor: every write spills
 
-	readBuffered bool   // set before the reader starts
+	readBuffered bool   // TLS above: set before the reader starts
 	noWait       bool   // a Read finding rbuf empty fails at once (os.ErrDeadlineExceeded)
 	rbuf         []byte // read from the socket, not yet taken (from roff on); nil when empty
 	rarr         *[connReadChunk]byte
 	roff         int
+	rerr         error // the read error met by fill; Read returns it once rbuf is taken
 
 	mu      sync.Mutex
 	cond    *sync.Cond
@@ -103,21 +104,58 @@ func rawOf(c net.Conn) (net.Conn, *rawConn) {
 
 // Read implements net.Conn: see the type's doc. It runs on the reader.
 func (r *rawConn) Read(p []byte) (int, error) {
-	if r.rbuf != nil {
-		return r.take(p), nil
-	}
-	if r.noWait {
-		// A timeout, which crypto/tls takes as temporary: the record it
-		// has begun stays buffered for the next Read.
-		return 0, os.ErrDeadlineExceeded
-	}
-	if !r.readBuffered || r.rc == nil {
+	if !r.readBuffered { // the handshake, or a side without TLS
 		return r.Conn.Read(p)
 	}
-	var n int
+	if r.rbuf == nil && r.rerr == nil && !r.noWait {
+		r.fill()
+	}
+	switch {
+	case r.rbuf != nil:
+		return r.take(p), nil
+	case r.rerr != nil:
+		return 0, r.rerr
+	}
+	// A timeout, which crypto/tls takes as temporary: the record it has
+	// begun stays buffered for the next Read.
+	return 0, os.ErrDeadlineExceeded
+}
+
+// fill waits until the socket has input and reads it into rbuf; a read
+// error (io.EOF too) is kept in rerr, for Read to return once rbuf is
+// taken. Runs on the reader.
+func (r *rawConn) fill() {
+	if r.rbuf != nil || r.rerr != nil {
+		return
+	}
+	a, n, err := r.readChunk()
+	if err != nil {
+		r.rerr = err
+		return
+	}
+	r.rarr, r.rbuf, r.roff = a, a[:n], 0
+}
+
+// readChunk waits until the socket has input, or its end or an error, and
+// reads it into an array of readChunkPool, borrowed only once there is
+// something to read: a connection waiting for input holds no buffer. It
+// returns the array with n > 0 bytes in it, or an error (io.EOF at the
+// end) and no array. Runs on the reader.
+func (r *rawConn) readChunk() (a *[connReadChunk]byte, n int, err error) {
+	if r.rc == nil { // no descriptor to wait on: a blocking read, holding the array
+		a = readChunkPool.Get().(*[connReadChunk]byte)
+		if n, err = r.Conn.Read(a[:]); n == 0 {
+			readChunkPool.Put(a)
+			if err == nil {
+				err = io.ErrNoProgress
+			}
+			return nil, 0, err
+		}
+		return a, n, nil // an error with n > 0 comes back with the next read
+	}
 	var rerr error
-	err := r.rc.Read(func(fd uintptr) bool {
-		a := readChunkPool.Get().(*[connReadChunk]byte)
+	err = r.rc.Read(func(fd uintptr) bool {
+		a = readChunkPool.Get().(*[connReadChunk]byte)
 		for {
 			n, rerr = unix.Read(int(fd), a[:])
 			if rerr != unix.EINTR {
@@ -128,22 +166,20 @@ func (r *rawConn) Read(p []byte) (int, error) {
 			readChunkPool.Put(a)
 			return false // wait for input, holding no buffer
 		}
-		if n > 0 {
-			r.rarr, r.rbuf, r.roff = a, a[:n], 0
-		} else {
+		if n <= 0 {
 			readChunkPool.Put(a)
 		}
 		return true
 	})
 	switch {
 	case err != nil:
-		return 0, err
+		return nil, 0, err
 	case rerr != nil:
-		return 0, &net.OpError{Op: "read", Net: "tcp", Source: r.LocalAddr(), Addr: r.RemoteAddr(), Err: os.NewSyscallError("read", rerr)}
+		return nil, 0, &net.OpError{Op: "read", Net: "tcp", Source: r.LocalAddr(), Addr: r.RemoteAddr(), Err: os.NewSyscallError("read", rerr)}
 	case n == 0:
-		return 0, io.EOF
+		return nil, 0, io.EOF
 	}
-	return r.take(p), nil
+	return a, n, nil
 }
 
 // take copies what rbuf holds to p, returning the array once it is all taken.

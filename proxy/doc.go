@@ -118,7 +118,11 @@
 //     half the budget plus 256 KiB, a read and a frame per direction; the
 //     other half is headroom for garbage not yet collected (cmd/proxy sets
 //     Go's memory limit to the budget). Held frames (contract 8)
-//     add at most HardBufferLimit per direction.
+//     add at most HardBufferLimit per direction. What the sum does not
+//     count is kept small per connection instead: a side waiting for input
+//     holds no read buffer (gnet's loop reads into its own; a connSide's
+//     reader borrows an array once its socket is readable), so idle
+//     connections cost their state, not 64 KiB each.
 //     Lookups: at most MaxConnectionLookups in flight from one connection
 //     and MaxConcurrentLookups in all; the excess is answered
 //     TooManyRequests, the connection's own bound first, so a client
