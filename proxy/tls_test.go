@@ -3,9 +3,12 @@ package proxy
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/binary"
+	"io"
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -203,5 +206,73 @@ func TestClosingASessionBoundsAWriteBlockedOnAStalledTLSClient(t *testing.T) {
 			t.Fatalf("%d session(s) still open %s after the close; the blocked write was not bounded", srv.nsessions.Load(), closeFlushTimeout+3*time.Second)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// recordingConn keeps a copy of every byte read from the connection under it.
+type recordingConn struct {
+	net.Conn
+	mu   sync.Mutex
+	read []byte
+}
+
+func (r *recordingConn) Read(p []byte) (int, error) {
+	n, err := r.Conn.Read(p)
+	r.mu.Lock()
+	r.read = append(r.read, p[:n]...)
+	r.mu.Unlock()
+	return n, err
+}
+
+// lastRecordType walks the TLS records in b and returns the content type of the last whole one.
+func lastRecordType(t *testing.T, b []byte) byte {
+	t.Helper()
+	var last byte
+	for len(b) >= 5 {
+		n := 5 + int(binary.BigEndian.Uint16(b[3:5]))
+		if n > len(b) {
+			t.Fatalf("a TLS record cut short: %d of %d bytes", len(b), n)
+		}
+		last, b = b[0], b[n:]
+	}
+	if len(b) != 0 {
+		t.Fatalf("%d bytes after the last TLS record", len(b))
+	}
+	return last
+}
+
+// Given a TLS 1.2 client proxied to a broker (in TLS 1.2 an alert's record type is in the clear),
+// when the broker closes its connection,
+// then the proxy ends the client's connection with a close_notify alert, the last record the
+// client receives, and the client's Read reports a clean end (io.EOF): a truncation attack and an
+// orderly close look different to the client, as with a broker's own TLS.
+func TestTheProxyEndsATLSConnectionWithCloseNotify(t *testing.T) {
+	fb := newFakeBroker(t)
+	srv, files, _ := startTLSProxy(t, fb, nil)
+	tcp, err := net.Dial("tcp", srv.TLSAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recordingConn{Conn: tcp}
+	cfg := tlsClientConfig(t, files.CA)
+	cfg.MaxVersion = tls.VersionTLS12
+	c := tls.Client(rec, cfg)
+	defer c.Close()
+	send(t, c, frame(t, connectCmd("")))
+	broker := fb.accept(t)
+	expect(t, broker, pulsarpb.BaseCommand_CONNECT)
+	send(t, broker, frame(t, connectedCmd(1<<20)))
+	expect(t, c, pulsarpb.BaseCommand_CONNECTED)
+
+	broker.Close()
+
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("the client's read ended with %v, want io.EOF", err)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if typ := lastRecordType(t, rec.read); typ != 21 {
+		t.Errorf("the last record the client got has type %d, want 21 (alert: close_notify)", typ)
 	}
 }

@@ -38,10 +38,10 @@
 #
 # The bookie picks a free port itself (standalone's metadata-store mode ignores --bookkeeper-port).
 # Readiness means: GET /admin/v2/brokers/health answers "ok" AND namespace public/default exists.
-# Every wait is bounded; a missing tool prints one line naming it and exits 2. A start whose
-# broker exited because a port it was given was taken meanwhile ("Address already in use": the
-# standalone's bookie and metadata store take ephemeral ports as they start) exits 3, so a
-# caller can try again on other ports.
+# Every wait is bounded; a missing tool prints one line naming it and exits 2. A start given a
+# port that is taken exits 3, so a caller can try again on other ports: taken before the start
+# (a listener answers on it), or taken meanwhile, the broker exiting with "Address already in
+# use" (the standalone's bookie and metadata store take ephemeral ports as they start).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -230,7 +230,10 @@ cmd_start() {
   [[ "$PULSAR_AUTH_REFRESH_SECONDS" =~ ^[1-9][0-9]*$ ]] ||
     die "PULSAR_AUTH_REFRESH_SECONDS must be a whole number of seconds >= 1, not '$PULSAR_AUTH_REFRESH_SECONDS'"
   for p in "$PULSAR_BROKER_PORT" "$PULSAR_WEB_PORT"; do
-    port_busy "$p" && die "port 127.0.0.1:$p is already in use; set PULSAR_BROKER_PORT/PULSAR_WEB_PORT"
+    if port_busy "$p"; then
+      log "port 127.0.0.1:$p is already in use; set PULSAR_BROKER_PORT/PULSAR_WEB_PORT"
+      exit 3
+    fi
   done
   cmd_fetch
   # A fresh start always begins from empty state: RocksDB metadata survives --wipe-data.
