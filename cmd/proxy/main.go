@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
@@ -96,9 +97,17 @@ func run(args []string) int {
 			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		}
-		hs := &http.Server{Addr: o.metricsListen, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		// Bound here, before the proxy serves: a metrics port that cannot be had stops the
+		// start with its reason, rather than leaving a proxy whose /readyz never answers
+		// (a supervisor or a test would wait on it forever, or probe someone else's port).
+		ml, err := net.Listen("tcp", o.metricsListen)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "proxy: metrics-listen:", err)
+			return 1
+		}
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() {
-			if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := hs.Serve(ml); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("metrics listener failed", "listen", o.metricsListen, "err", err)
 			}
 		}()

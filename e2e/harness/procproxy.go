@@ -87,14 +87,27 @@ func StartProcessProxy(t *testing.T, b *Broker, moreYAML string) *ProcessProxy {
 func StartProcessProxyFor(t *testing.T, brokerURLs, moreYAML string) *ProcessProxy {
 	t.Helper()
 	dir := t.TempDir()
-	p := &ProcessProxy{t: t, bin: ProxyBinary(t), listen: FreeAddr(t), metrics: FreeAddr(t),
+	p := &ProcessProxy{t: t, bin: ProxyBinary(t),
 		config: filepath.Join(dir, "proxy.yaml"), LogPath: filepath.Join(dir, "proxy.log")}
-	cfg := fmt.Sprintf("listen: %s\nbroker-url: %s\nmetrics-listen: %s\nlog-level: info\n%s",
-		p.listen, brokerURLs, p.metrics, moreYAML)
-	if err := os.WriteFile(p.config, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
+	// The ports were free when FreeAddr picked them; another process (any client's outgoing
+	// connection takes ephemeral ports too) may bind one before the proxy does. A first start
+	// that fails so is tried again on two new ports.
+	for attempt := 1; ; attempt++ {
+		p.listen, p.metrics = FreeAddr(t), FreeAddr(t)
+		cfg := fmt.Sprintf("listen: %s\nbroker-url: %s\nmetrics-listen: %s\nlog-level: info\n%s",
+			p.listen, brokerURLs, p.metrics, moreYAML)
+		if err := os.WriteFile(p.config, []byte(cfg), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		err := p.TryStart()
+		if err == nil {
+			break
+		}
+		if !strings.Contains(err.Error(), "address already in use") || attempt == 5 {
+			t.Fatal(err)
+		}
+		t.Logf("proxy start %d: a port was taken meanwhile; trying two new ones: %v", attempt, err)
 	}
-	p.start()
 	t.Cleanup(func() {
 		p.Stop()
 		if t.Failed() {
@@ -118,14 +131,6 @@ func (p *ProcessProxy) URL() string { return "pulsar://" + p.listen }
 
 // Listen is the proxy's host:port.
 func (p *ProcessProxy) Listen() string { return p.listen }
-
-// start runs the proxy and waits until it is ready; a proxy that exits at start fails the test.
-func (p *ProcessProxy) start() {
-	p.t.Helper()
-	if err := p.TryStart(); err != nil {
-		p.t.Fatal(err)
-	}
-}
 
 // StartRetrying starts the proxy, trying again every 250 ms while it exits at start with
 // "address already in use", until within. It returns how many attempts failed so.
@@ -173,12 +178,7 @@ func (p *ProcessProxy) TryStart() error {
 	for time.Now().Before(deadline) {
 		select {
 		case err := <-exited:
-			log, _ := os.ReadFile(p.LogPath)
-			mark := fmt.Sprintf("---- start %d ----\n", p.starts)
-			if i := bytes.LastIndex(log, []byte(mark)); i >= 0 {
-				log = log[i+len(mark):]
-			}
-			return fmt.Errorf("proxy exited at start %d: %v\n%s", p.starts, err, tail(log, 2048))
+			return fmt.Errorf("proxy exited at start %d: %v\n%s", p.starts, err, p.startLog())
 		default:
 		}
 		if p.ready() {
@@ -189,7 +189,17 @@ func (p *ProcessProxy) TryStart() error {
 	}
 	_ = cmd.Process.Kill()
 	<-exited
-	return fmt.Errorf("proxy not ready on %s within 15 s", p.listen)
+	return fmt.Errorf("proxy not ready on %s (metrics %s) within 15 s; its log:\n%s", p.listen, p.metrics, p.startLog())
+}
+
+// startLog is the end of what the current start wrote to the log.
+func (p *ProcessProxy) startLog() []byte {
+	log, _ := os.ReadFile(p.LogPath)
+	mark := fmt.Sprintf("---- start %d ----\n", p.starts)
+	if i := bytes.LastIndex(log, []byte(mark)); i >= 0 {
+		log = log[i+len(mark):]
+	}
+	return tail(log, 2048)
 }
 
 func (p *ProcessProxy) ready() bool {
