@@ -1,5 +1,5 @@
-// Command rebatch measures, in one run, unbatched small-message producers (pulsar-client-go,
-// batching off) sending directly to a broker and through the proxy under each policy
+// Command rebatch measures, in one run, small-message producers (pulsar-client-go, unbatched
+// and in client batches of 10) sending directly to a broker and through the proxy under each policy
 // (passthrough, coalesce, merged, properties, buckets), and prints messages/s, stored entries/s
 // and their ratios to direct side by side, then the broker's and the proxy's CPU per message
 // (the proxy is this command re-run as a process of its own, so /proc gives its CPU apart from
@@ -43,11 +43,13 @@ import (
 	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
 )
 
-// workload is one shape of producer traffic: unbatched messages of size bytes.
+// workload is one shape of producer traffic: messages of size bytes, unbatched or in small
+// client batches.
 type workload struct {
 	name      string
 	producers int
 	sync      bool // one send at a time per producer (wait for each receipt)
+	batch     uint // 0: batching off; else the client's BatchingMaxMessages (1 ms delay)
 }
 
 // target is where a workload's producers connect.
@@ -62,6 +64,7 @@ type result struct {
 	sent          int64
 	brokerUS      float64 // broker CPU microseconds per acknowledged message; -1 unknown
 	proxyUS       float64 // proxy CPU microseconds per acknowledged message; -1 for direct
+	proxyCalls    float64 // proxy read and write system calls per acknowledged message; -1 for direct
 }
 
 var (
@@ -71,7 +74,7 @@ var (
 	size      = flag.Int("size", 100, "payload bytes")
 	maxDelay  = flag.Duration("max-delay", 2*time.Millisecond, "max_delay of the coalesce and properties policies")
 	maxMsgs   = flag.Int("max-messages", 0, "max_messages of the coalesce and properties policies (0: the policy default)")
-	engineDur = flag.Duration("engine-duration", 2*time.Second, "time per policy for the in-process engine rate")
+	engineDur = flag.Duration("engine-duration", 2*time.Second, "time per policy for the in-process engine rate (0: skip that section)")
 	only      = flag.String("only", "", "run only the workloads whose name contains this (e.g. \"sync x64\")")
 	cpuprof   = flag.String("cpuprofile", "", "write the proxy process's CPU profile to this file")
 	brokerPID = flag.Int("broker-pid", 0, "pid of the broker's JVM, for its CPU per message (from /proc/PID/stat); 0: read -broker-pid-file")
@@ -113,16 +116,21 @@ func main() {
 		{"buckets", proxyURL, nsOf("buckets")},
 	}
 	wls := []workload{
-		{"async x4", 4, false},
-		{"async x1", 1, false},
-		{"sync x64", 64, true},
-		{"sync x16", 16, true},
-		{"sync x1", 1, true},
+		{"async x4", 4, false, 0},
+		{"async x1", 1, false, 0},
+		{"sync x64", 64, true, 0},
+		{"sync x16", 16, true, 0},
+		{"sync x1", 1, true, 0},
+		// Small-batch producers: a legacy client with batching on whose batches stay small.
+		// Synchronous ones send batches of one message, each after the client's 1 ms delay.
+		{"async x4 b10", 4, false, 10},
+		{"async x1 b10", 1, false, 10},
+		{"sync x64 b10", 64, true, 10},
 	}
-	fmt.Printf("broker %s; proxy process %d at %s; %d-byte unbatched messages; %v per cell; GOMAXPROCS %d (clients, proxy and broker share the machine)\n",
+	fmt.Printf("broker %s; proxy process %d at %s; %d-byte messages, unbatched (bN: client batches of up to N, 1 ms delay); %v per cell; GOMAXPROCS %d (clients, proxy and broker share the machine)\n",
 		*brokerURL, childPID, proxyURL, *size, *duration, runtime.GOMAXPROCS(0))
 	fmt.Printf("policies: coalesce, properties and buckets with max_delay %v, max_messages %d (0 = default), defaults otherwise (group commit); merged = coalesce with merge_producers and hold_when_idle; properties restricts region: [us, eu], messages carry region in runs of 50; buckets: 4, its messages (only) keyed k0..k99\n\n", *maxDelay, *maxMsgs)
-	fmt.Printf("%-9s | %-21s", "workload", "direct msg/s entr/s")
+	fmt.Printf("%-12s | %-21s", "workload", "direct msg/s entr/s")
 	for _, tg := range targets[1:] {
 		fmt.Printf(" | %-37s", tg.name+" msg/s (x) entr/s (x) msg/entry")
 	}
@@ -137,7 +145,7 @@ func main() {
 		}
 	}
 	var ran []workload
-	var cpu, pcpu [][]float64
+	var cpu, pcpu, pcalls [][]float64
 	for _, w := range wls {
 		if !strings.Contains(w.name, *only) {
 			continue
@@ -145,13 +153,14 @@ func main() {
 		res := make([]result, len(targets))
 		row := make([]float64, len(targets))
 		prow := make([]float64, len(targets))
+		crow := make([]float64, len(targets))
 		for i, tg := range targets {
 			res[i] = run(tg, w)
-			row[i], prow[i] = res[i].brokerUS, res[i].proxyUS
+			row[i], prow[i], crow[i] = res[i].brokerUS, res[i].proxyUS, res[i].proxyCalls
 		}
-		ran, cpu, pcpu = append(ran, w), append(cpu, row), append(pcpu, prow)
+		ran, cpu, pcpu, pcalls = append(ran, w), append(cpu, row), append(pcpu, prow), append(pcalls, crow)
 		d := res[0]
-		fmt.Printf("%-9s | %8.0f %8.0f   ", w.name, d.msgs, d.entries)
+		fmt.Printf("%-12s | %8.0f %8.0f   ", w.name, d.msgs, d.entries)
 		for _, r := range res[1:] {
 			fmt.Printf(" | %8.0f (%5.2fx) %7.0f (%5.2fx) %6.1f  ", r.msgs, r.msgs/d.msgs, r.entries, r.entries/d.entries, r.msgs/r.entries)
 		}
@@ -168,7 +177,12 @@ func main() {
 	}
 	fmt.Printf("\nproxy CPU per acknowledged message (us, from /proc/%d/stat over each cell; the target's over passthrough's = what the policy costs the proxy):\n", childPID)
 	printCPUTable(ran, names, pcpu, 1, func(base, v float64) float64 { return v / base })
+	fmt.Printf("\nproxy read and write system calls per acknowledged message (syscr + syscw of /proc/%d/io over each cell; the target's over passthrough's):\n", childPID)
+	printCPUTable(ran, names, pcalls, 1, func(base, v float64) float64 { return v / base })
 
+	if *engineDur <= 0 {
+		return
+	}
 	fmt.Printf("\nengine in process (one goroutine, unbatched %d-byte sends, split/merge/receipts):\n", *size)
 	for _, k := range []rebatch.Kind{rebatch.Coalesce, rebatch.Properties, rebatch.Buckets} {
 		rate, perEntry := engineRate(k)
@@ -176,19 +190,19 @@ func main() {
 	}
 }
 
-// printCPUTable prints one row per workload of CPU microseconds per message: the column of
+// printCPUTable prints one row per workload of a per-message figure (CPU microseconds, system calls): the column of
 // target base, then each later target's with its ratio to base (ratio(base, value)).
 func printCPUTable(ran []workload, names []string, rows [][]float64, base int, ratio func(base, v float64) float64) {
-	fmt.Printf("%-9s | %-11s", "workload", names[base])
+	fmt.Printf("%-12s | %-11s", "workload", names[base])
 	for _, n := range names[base+1:] {
 		fmt.Printf(" | %-20s", n)
 	}
 	fmt.Println()
 	for i, w := range ran {
 		b := rows[i][base]
-		fmt.Printf("%-9s | %11.1f", w.name, b)
+		fmt.Printf("%-12s | %11.2f", w.name, b)
 		for _, v := range rows[i][base+1:] {
-			fmt.Printf(" | %8.1f (%5.2fx)   ", v, ratio(b, v))
+			fmt.Printf(" | %8.2f (%5.2fx)   ", v, ratio(b, v))
 		}
 		fmt.Println()
 	}
@@ -329,7 +343,13 @@ func run(tg target, w workload) result {
 	payload := make([]byte, *size)
 	prods := make([]pulsar.Producer, w.producers)
 	for i := range prods {
-		p, err := c.CreateProducer(pulsar.ProducerOptions{Topic: topic, DisableBatching: true, MaxPendingMessages: 1000})
+		opts := pulsar.ProducerOptions{Topic: topic, DisableBatching: true, MaxPendingMessages: 1000}
+		if w.batch > 0 {
+			opts.DisableBatching = false
+			opts.BatchingMaxMessages = w.batch
+			opts.BatchingMaxPublishDelay = time.Millisecond
+		}
+		p, err := c.CreateProducer(opts)
 		if err != nil {
 			fail(err)
 		}
@@ -341,7 +361,7 @@ func run(tg target, w workload) result {
 		prods[i] = p
 	}
 	before := entries(topic)
-	cpuBefore, proxyBefore := brokerCPU(), procCPU(childPID)
+	cpuBefore, proxyBefore, callsBefore := brokerCPU(), procCPU(childPID), procCalls(childPID)
 	var acked, failed atomic.Int64
 	var wg sync.WaitGroup
 	ctx := context.Background()
@@ -379,17 +399,18 @@ func run(tg target, w workload) result {
 	}
 	wg.Wait()
 	el := time.Since(start).Seconds()
-	cpuUsed, proxyUsed := brokerCPU()-cpuBefore, procCPU(childPID)-proxyBefore
+	cpuUsed, proxyUsed, calls := brokerCPU()-cpuBefore, procCPU(childPID)-proxyBefore, procCalls(childPID)-callsBefore
 	if failed.Load() > 0 {
 		fail(fmt.Errorf("%s %s: %d sends failed", tg.name, w.name, failed.Load()))
 	}
 	n := entries(topic) - before
-	r := result{msgs: float64(acked.Load()) / el, entries: float64(n) / el, sent: acked.Load(), brokerUS: -1, proxyUS: -1}
+	r := result{msgs: float64(acked.Load()) / el, entries: float64(n) / el, sent: acked.Load(), brokerUS: -1, proxyUS: -1, proxyCalls: -1}
 	if brokerCPUKnown() && acked.Load() > 0 {
 		r.brokerUS = cpuUsed.Seconds() * 1e6 / float64(acked.Load())
 	}
 	if tg.name != "direct" && acked.Load() > 0 {
 		r.proxyUS = proxyUsed.Seconds() * 1e6 / float64(acked.Load())
+		r.proxyCalls = float64(calls) / float64(acked.Load())
 	}
 	return r
 }
@@ -411,6 +432,26 @@ func brokerCPU() time.Duration {
 		return 0
 	}
 	return procCPU(*brokerPID)
+}
+
+// procCalls is the number of read-like and write-like system calls process pid has made so far
+// (syscr + syscw of /proc/PID/io: read, readv, write, writev and their kin; not epoll or futex).
+func procCalls(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		fail(fmt.Errorf("system calls of process %d: %w", pid, err))
+	}
+	var n int64
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && (f[0] == "syscr:" || f[0] == "syscw:") {
+			var v int64
+			if _, err := fmt.Sscan(f[1], &v); err != nil {
+				fail(fmt.Errorf("/proc/%d/io %q: %w", pid, l, err))
+			}
+			n += v
+		}
+	}
+	return n
 }
 
 // procCPU is process pid's user plus system CPU time so far.
