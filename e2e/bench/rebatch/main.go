@@ -59,13 +59,48 @@ type target struct {
 	ns   string
 }
 
+// result is one cell: a workload on a target, over one or more rounds.
 type result struct {
-	msgs, entries float64 // per second
-	sent          int64
-	brokerUS      float64 // broker CPU microseconds per acknowledged message; -1 unknown
-	proxyUS       float64 // proxy CPU microseconds per acknowledged message; -1 for direct
-	proxyCalls    float64 // proxy read and write system calls per acknowledged message; -1 for direct
+	msgs, entries float64 // per second, in the round with the best throughput
+	acked, stored int64   // messages acknowledged and entries stored, summed over rounds
+	brokerCPU     time.Duration
+	proxyCPU      time.Duration // 0 for direct
+	calls         int64         // proxy read and write system calls
+	direct        bool
 }
+
+// add folds another round of the same cell into r.
+func (r result) add(o result) result {
+	if o.msgs > r.msgs {
+		r.msgs, r.entries = o.msgs, o.entries
+	}
+	r.acked += o.acked
+	r.stored += o.stored
+	r.brokerCPU += o.brokerCPU
+	r.proxyCPU += o.proxyCPU
+	r.calls += o.calls
+	r.direct = o.direct
+	return r
+}
+
+// perMessage is total over the acknowledged messages, or -1 when it does not apply.
+func (r result) perMessage(total float64, applies bool) float64 {
+	if !applies || r.acked == 0 {
+		return -1
+	}
+	return total / float64(r.acked)
+}
+
+// brokerUS is the broker's CPU microseconds per acknowledged message; -1 unknown.
+func (r result) brokerUS() float64 {
+	return r.perMessage(r.brokerCPU.Seconds()*1e6, brokerCPUKnown())
+}
+
+// proxyUS is the proxy's CPU microseconds per acknowledged message; -1 for direct.
+func (r result) proxyUS() float64 { return r.perMessage(r.proxyCPU.Seconds()*1e6, !r.direct) }
+
+// proxyCalls is the proxy's read and write system calls per acknowledged message; -1 for direct.
+func (r result) proxyCalls() float64 { return r.perMessage(float64(r.calls), !r.direct) }
 
 var (
 	brokerURL = flag.String("broker", "pulsar://127.0.0.1:16650", "broker service URL")
@@ -75,6 +110,7 @@ var (
 	maxDelay  = flag.Duration("max-delay", 2*time.Millisecond, "max_delay of the coalesce and properties policies")
 	maxMsgs   = flag.Int("max-messages", 0, "max_messages of the coalesce and properties policies (0: the policy default)")
 	engineDur = flag.Duration("engine-duration", 2*time.Second, "time per policy for the in-process engine rate (0: skip that section)")
+	rounds    = flag.Int("rounds", 1, "runs per cell; each round starts one target later than the last (direct, passthrough, ...; passthrough, ..., direct; ...); a cell's throughput is its best round's, its per-message figures are over all its rounds")
 	only      = flag.String("only", "", "run only the workloads whose name contains this (e.g. \"sync x64\")")
 	cpuprof   = flag.String("cpuprofile", "", "write the proxy process's CPU profile to this file")
 	brokerPID = flag.Int("broker-pid", 0, "pid of the broker's JVM, for its CPU per message (from /proc/PID/stat); 0: read -broker-pid-file")
@@ -88,6 +124,9 @@ const childEnv = "REBATCH_BENCH_PROXY_STAMP"
 
 func main() {
 	flag.Parse()
+	if *rounds < 1 {
+		fail(fmt.Errorf("-rounds %d: want at least 1", *rounds))
+	}
 	stamp := time.Now().UnixNano()
 	if s := os.Getenv(childEnv); s != "" {
 		if _, err := fmt.Sscan(s, &stamp); err != nil {
@@ -127,8 +166,8 @@ func main() {
 		{"async x1 b10", 1, false, 10},
 		{"sync x64 b10", 64, true, 10},
 	}
-	fmt.Printf("broker %s; proxy process %d at %s; %d-byte messages, unbatched (bN: client batches of up to N, 1 ms delay); %v per cell; GOMAXPROCS %d (clients, proxy and broker share the machine)\n",
-		*brokerURL, childPID, proxyURL, *size, *duration, runtime.GOMAXPROCS(0))
+	fmt.Printf("broker %s; proxy process %d at %s; %d-byte messages, unbatched (bN: client batches of up to N, 1 ms delay); %v per run, %d rounds per cell, rotating (throughput: the best round; per message: all rounds); GOMAXPROCS %d (clients, proxy and broker share the machine)\n",
+		*brokerURL, childPID, proxyURL, *size, *duration, *rounds, runtime.GOMAXPROCS(0))
 	fmt.Printf("policies: coalesce, properties and buckets with max_delay %v, max_messages %d (0 = default), defaults otherwise (group commit); merged = coalesce with merge_producers and hold_when_idle; properties restricts region: [us, eu], messages carry region in runs of 50; buckets: 4, its messages (only) keyed k0..k99\n\n", *maxDelay, *maxMsgs)
 	fmt.Printf("%-12s | %-21s", "workload", "direct msg/s entr/s")
 	for _, tg := range targets[1:] {
@@ -154,15 +193,20 @@ func main() {
 		row := make([]float64, len(targets))
 		prow := make([]float64, len(targets))
 		crow := make([]float64, len(targets))
-		for i, tg := range targets {
-			res[i] = run(tg, w)
-			row[i], prow[i], crow[i] = res[i].brokerUS, res[i].proxyUS, res[i].proxyCalls
+		for r := 0; r < *rounds; r++ {
+			for j := range targets {
+				i := (j + r) % len(targets)
+				res[i] = res[i].add(run(targets[i], w))
+			}
+		}
+		for i := range targets {
+			row[i], prow[i], crow[i] = res[i].brokerUS(), res[i].proxyUS(), res[i].proxyCalls()
 		}
 		ran, cpu, pcpu, pcalls = append(ran, w), append(cpu, row), append(pcpu, prow), append(pcalls, crow)
 		d := res[0]
 		fmt.Printf("%-12s | %8.0f %8.0f   ", w.name, d.msgs, d.entries)
 		for _, r := range res[1:] {
-			fmt.Printf(" | %8.0f (%5.2fx) %7.0f (%5.2fx) %6.1f  ", r.msgs, r.msgs/d.msgs, r.entries, r.entries/d.entries, r.msgs/r.entries)
+			fmt.Printf(" | %8.0f (%5.2fx) %7.0f (%5.2fx) %6.1f  ", r.msgs, r.msgs/d.msgs, r.entries, r.entries/d.entries, float64(r.acked)/float64(r.stored))
 		}
 		fmt.Println()
 	}
@@ -404,13 +448,10 @@ func run(tg target, w workload) result {
 		fail(fmt.Errorf("%s %s: %d sends failed", tg.name, w.name, failed.Load()))
 	}
 	n := entries(topic) - before
-	r := result{msgs: float64(acked.Load()) / el, entries: float64(n) / el, sent: acked.Load(), brokerUS: -1, proxyUS: -1, proxyCalls: -1}
-	if brokerCPUKnown() && acked.Load() > 0 {
-		r.brokerUS = cpuUsed.Seconds() * 1e6 / float64(acked.Load())
-	}
-	if tg.name != "direct" && acked.Load() > 0 {
-		r.proxyUS = proxyUsed.Seconds() * 1e6 / float64(acked.Load())
-		r.proxyCalls = float64(calls) / float64(acked.Load())
+	r := result{msgs: float64(acked.Load()) / el, entries: float64(n) / el, acked: acked.Load(), stored: n,
+		brokerCPU: cpuUsed, direct: tg.name == "direct"}
+	if !r.direct {
+		r.proxyCPU, r.calls = proxyUsed, calls
 	}
 	return r
 }
