@@ -667,7 +667,7 @@ func (p *Producer) alone(s *wire.Send) bool {
 // section 2): chunks, markers, transactions, encrypted payloads, delayed delivery and
 // replication, whose meaning is tied to the entry as the client built it.
 func neverMerged(s *wire.Send, md *wire.SendMetadata) bool {
-	return s.IsChunk || s.Marker || s.TxnIDLeastBits != 0 || s.TxnIDMostBits != 0 || s.MessageID != nil || md.Special
+	return s.IsChunk || s.Marker || s.HasTxnID || s.MessageID != nil || md.Special
 }
 
 // explode takes a send apart into messages, each with an encoded SingleMessageMetadata.

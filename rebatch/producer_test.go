@@ -409,29 +409,46 @@ func TestCoalesceMergesConsecutiveSendsAndReceiptsEachInOrder(t *testing.T) {
 }
 
 // Given an open batch of two messages,
-// when a chunk arrives,
-// then the open batch is flushed first and the chunk follows as its original bytes.
+// when a send that is never merged arrives (a chunk, or a send of a transaction, the first
+// transaction of coordinator 0 included, whose id (0, 0) is present though zero),
+// then the open batch is flushed first and that send follows as its original bytes.
 func TestNeverMergedSendFlushesOpenBatchThenGoesVerbatim(t *testing.T) {
-	p := newEngine(t, Policy{Kind: Coalesce}, -1)
-	var out Output
-	send(t, p, clientSingle(t, msg{payload: "a", seq: 0}), &out)
-	send(t, p, clientSingle(t, msg{payload: "b", seq: 1}), &out)
-	md := &pulsarpb.MessageMetadata{ProducerName: proto.String("p"), SequenceId: proto.Uint64(2), PublishTime: proto.Uint64(1),
+	plain := &pulsarpb.MessageMetadata{ProducerName: proto.String("p"), SequenceId: proto.Uint64(2), PublishTime: proto.Uint64(1)}
+	chunked := &pulsarpb.MessageMetadata{ProducerName: proto.String("p"), SequenceId: proto.Uint64(2), PublishTime: proto.Uint64(1),
 		Uuid: proto.String("p-2"), ChunkId: proto.Int32(0), NumChunksFromMsg: proto.Int32(2), TotalChunkMsgSize: proto.Int32(8)}
-	chunk, err := wire.AppendSendFrameMetadata(nil, &wire.Send{ProducerID: pid, SequenceID: 2, IsChunk: true}, md, []byte("chunk"))
-	if err != nil {
-		t.Fatal(err)
+	cases := []struct {
+		name string
+		send wire.Send
+		md   *pulsarpb.MessageMetadata
+	}{
+		{"chunk", wire.Send{ProducerID: pid, SequenceID: 2, IsChunk: true}, chunked},
+		{"transaction (0, 0)", wire.Send{ProducerID: pid, SequenceID: 2, HasTxnID: true}, plain},
+		{"transaction (1, 7)", wire.Send{ProducerID: pid, SequenceID: 2, HasTxnID: true, TxnIDMostBits: 1, TxnIDLeastBits: 7}, plain},
 	}
-	send(t, p, chunk, &out)
-	fs := frames(t, out.Broker)
-	if len(fs) != 2 {
-		t.Fatalf("%d frames to the broker", len(fs))
-	}
-	if !bytes.Equal(fs[1].Bytes(), chunk) {
-		t.Fatal("chunk was not forwarded as its original bytes")
-	}
-	if e := decodeEntries(t, fs[0].Bytes()); len(e[0].msgs) != 2 {
-		t.Fatalf("flushed entry holds %d messages", len(e[0].msgs))
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := newEngine(t, Policy{Kind: Coalesce}, -1)
+			var out Output
+			send(t, p, clientSingle(t, msg{payload: "a", seq: 0}), &out)
+			send(t, p, clientSingle(t, msg{payload: "b", seq: 1}), &out)
+			special, err := wire.AppendSendFrameMetadata(nil, &c.send, c.md, []byte("special"))
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			send(t, p, special, &out)
+
+			fs := frames(t, out.Broker)
+			if len(fs) != 2 {
+				t.Fatalf("%d frames to the broker", len(fs))
+			}
+			if !bytes.Equal(fs[1].Bytes(), special) {
+				t.Fatal("the send was not forwarded as its original bytes")
+			}
+			if e := decodeEntries(t, fs[0].Bytes()); len(e[0].msgs) != 2 {
+				t.Fatalf("flushed entry holds %d messages", len(e[0].msgs))
+			}
+		})
 	}
 }
 

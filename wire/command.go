@@ -30,9 +30,14 @@ func DecodeCommand(f Frame, cmd *pulsarpb.BaseCommand) error {
 // Optional fields at their default value (zero, false, nil) are treated as
 // absent by AppendSendFrame.
 type Send struct {
-	ProducerID        uint64
-	SequenceID        uint64
-	NumMessages       int32 // 0 means absent, which the broker reads as 1
+	ProducerID  uint64
+	SequenceID  uint64
+	NumMessages int32 // 0 means absent, which the broker reads as 1
+	// HasTxnID: the send belongs to a transaction (txnid_least_bits or
+	// txnid_most_bits present). Presence is what the broker reads, not the
+	// value: the first transaction of coordinator 0 is (0, 0).
+	// AppendSendFrame writes both fields when it is set.
+	HasTxnID          bool
 	TxnIDLeastBits    uint64
 	TxnIDMostBits     uint64
 	HighestSequenceID uint64
@@ -89,9 +94,9 @@ func parseSendBody(body []byte) (Send, error) {
 			case 3:
 				s.NumMessages = int32(fl.V)
 			case 4:
-				s.TxnIDLeastBits = fl.V
+				s.TxnIDLeastBits, s.HasTxnID = fl.V, true
 			case 5:
-				s.TxnIDMostBits = fl.V
+				s.TxnIDMostBits, s.HasTxnID = fl.V, true
 			case 6:
 				s.HighestSequenceID = fl.V
 			case 7:

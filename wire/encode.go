@@ -112,11 +112,9 @@ func appendSendCommand(dst []byte, s *Send) []byte {
 	if s.NumMessages != 0 {
 		n += 1 + pbscan.VarintLen(uint64(int64(s.NumMessages)))
 	}
-	if s.TxnIDLeastBits != 0 {
-		n += 1 + pbscan.VarintLen(s.TxnIDLeastBits)
-	}
-	if s.TxnIDMostBits != 0 {
-		n += 1 + pbscan.VarintLen(s.TxnIDMostBits)
+	txn := s.HasTxnID || s.TxnIDLeastBits != 0 || s.TxnIDMostBits != 0
+	if txn {
+		n += 2 + pbscan.VarintLen(s.TxnIDLeastBits) + pbscan.VarintLen(s.TxnIDMostBits)
 	}
 	if s.HighestSequenceID != 0 {
 		n += 1 + pbscan.VarintLen(s.HighestSequenceID)
@@ -141,11 +139,9 @@ func appendSendCommand(dst []byte, s *Send) []byte {
 		dst = pbscan.AppendTag(dst, 3, pbscan.Varint)
 		dst = pbscan.AppendVarint(dst, uint64(int64(s.NumMessages)))
 	}
-	if s.TxnIDLeastBits != 0 {
+	if txn { // both, as clients send them: the broker reads a transaction only when both are present
 		dst = pbscan.AppendTag(dst, 4, pbscan.Varint)
 		dst = pbscan.AppendVarint(dst, s.TxnIDLeastBits)
-	}
-	if s.TxnIDMostBits != 0 {
 		dst = pbscan.AppendTag(dst, 5, pbscan.Varint)
 		dst = pbscan.AppendVarint(dst, s.TxnIDMostBits)
 	}

@@ -47,7 +47,9 @@ func TestSendRoundTrip(t *testing.T) {
 		{"minimal", Send{ProducerID: 0, SequenceID: 0}},
 		{"batch", Send{ProducerID: 7, SequenceID: 1 << 40, NumMessages: 1000, HighestSequenceID: 1<<40 + 999}},
 		{"chunk", Send{ProducerID: 1, SequenceID: 5, IsChunk: true}},
-		{"txn marker", Send{ProducerID: 1, SequenceID: 5, TxnIDLeastBits: 9, TxnIDMostBits: 1 << 63, Marker: true}},
+		{"txn marker", Send{ProducerID: 1, SequenceID: 5, HasTxnID: true, TxnIDLeastBits: 9, TxnIDMostBits: 1 << 63, Marker: true}},
+		// The first transaction of coordinator 0: present although zero.
+		{"transaction (0, 0)", Send{ProducerID: 1, SequenceID: 6, HasTxnID: true}},
 		{"shadow message id", Send{ProducerID: 2, SequenceID: 3, MessageID: []byte{0x08, 0x01, 0x10, 0x02}}},
 	}
 	md := &pulsarpb.MessageMetadata{ProducerName: proto.String("p"), SequenceId: proto.Uint64(1), PublishTime: proto.Uint64(2)}
@@ -73,6 +75,7 @@ func TestSendRoundTrip(t *testing.T) {
 			if s.GetProducerId() != tc.send.ProducerID || s.GetSequenceId() != tc.send.SequenceID ||
 				s.GetHighestSequenceId() != tc.send.HighestSequenceID || s.GetIsChunk() != tc.send.IsChunk ||
 				s.GetMarker() != tc.send.Marker || s.GetTxnidMostBits() != tc.send.TxnIDMostBits ||
+				s.GetTxnidLeastBits() != tc.send.TxnIDLeastBits || (s.TxnidLeastBits != nil && s.TxnidMostBits != nil) != tc.send.HasTxnID ||
 				(tc.send.NumMessages != 0 && s.GetNumMessages() != tc.send.NumMessages) ||
 				(tc.send.MessageID != nil) != (s.MessageId != nil) {
 				t.Fatalf("decoded %v", s)
@@ -91,7 +94,7 @@ func TestSendRoundTrip(t *testing.T) {
 
 func sendEqual(a, b Send) bool {
 	return a.ProducerID == b.ProducerID && a.SequenceID == b.SequenceID && a.NumMessages == b.NumMessages &&
-		a.TxnIDLeastBits == b.TxnIDLeastBits && a.TxnIDMostBits == b.TxnIDMostBits &&
+		a.HasTxnID == b.HasTxnID && a.TxnIDLeastBits == b.TxnIDLeastBits && a.TxnIDMostBits == b.TxnIDMostBits &&
 		a.HighestSequenceID == b.HighestSequenceID && a.IsChunk == b.IsChunk && a.Marker == b.Marker &&
 		bytes.Equal(a.MessageID, b.MessageID)
 }

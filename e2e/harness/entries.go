@@ -83,6 +83,20 @@ type internalStats struct {
 // errEntriesInconsistent: the topic's ledger list does not account for its entry count.
 var errEntriesInconsistent = errors.New("harness: internalStats ledgers do not add up to numberOfEntries")
 
+// EntryCount is the number of entries a non-partitioned topic (or one partition) holds, its
+// numberOfEntries: what the broker stored, markers included.
+func (b *Broker) EntryCount(ctx context.Context, topic string) (int64, error) {
+	data, err := b.get(ctx, topicPath(topic)+"/internalStats")
+	if err != nil {
+		return 0, err
+	}
+	var st internalStats
+	if err := json.Unmarshal(data, &st); err != nil {
+		return 0, fmt.Errorf("internalStats of %s: %w", topic, err)
+	}
+	return st.NumberOfEntries, nil
+}
+
 // StoredEntries reads every entry of a non-partitioned topic (or one partition,
 // "…-partition-N"), oldest first. The ledger list is trusted only once its entry counts add up
 // to the topic's numberOfEntries: right after a topic unload or a broker restart the ledger the
