@@ -49,8 +49,11 @@
 // pays nothing for the rebuild (Producer.alone).
 //
 // Never merged or split, forwarded as the original bytes after the open batch is flushed:
-// chunks, markers, transactional sends, encrypted payloads, delayed delivery, replicated
-// messages. A change of schema version ends the open batch.
+// chunks, markers, transactional sends (a transaction id is read by its presence: (0, 0) is
+// the first of coordinator 0), encrypted payloads, delayed delivery, replicated messages, and
+// any message whose metadata has a field this build does not model (a schema id, a hash range
+// the client set, a newer client's field), which an entry built here would not carry. A change
+// of schema version ends the open batch.
 //
 // # Contracts
 //

@@ -409,8 +409,9 @@ func TestCoalesceMergesConsecutiveSendsAndReceiptsEachInOrder(t *testing.T) {
 }
 
 // Given an open batch of two messages,
-// when a send that is never merged arrives (a chunk, or a send of a transaction, the first
-// transaction of coordinator 0 included, whose id (0, 0) is present though zero),
+// when a send that is never merged arrives (a chunk, a send of a transaction, the first
+// transaction of coordinator 0 included, whose id (0, 0) is present though zero, or one with a
+// metadata field an entry the proxy builds would not carry),
 // then the open batch is flushed first and that send follows as its original bytes.
 func TestNeverMergedSendFlushesOpenBatchThenGoesVerbatim(t *testing.T) {
 	plain := &pulsarpb.MessageMetadata{ProducerName: proto.String("p"), SequenceId: proto.Uint64(2), PublishTime: proto.Uint64(1)}
@@ -424,6 +425,9 @@ func TestNeverMergedSendFlushesOpenBatchThenGoesVerbatim(t *testing.T) {
 		{"chunk", wire.Send{ProducerID: pid, SequenceID: 2, IsChunk: true}, chunked},
 		{"transaction (0, 0)", wire.Send{ProducerID: pid, SequenceID: 2, HasTxnID: true}, plain},
 		{"transaction (1, 7)", wire.Send{ProducerID: pid, SequenceID: 2, HasTxnID: true, TxnIDMostBits: 1, TxnIDLeastBits: 7}, plain},
+		// An entry-level field the engine would not carry into an entry it builds.
+		{"schema id", wire.Send{ProducerID: pid, SequenceID: 2}, &pulsarpb.MessageMetadata{ProducerName: proto.String("p"),
+			SequenceId: proto.Uint64(2), PublishTime: proto.Uint64(1), SchemaId: []byte{1, 2}}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

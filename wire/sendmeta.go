@@ -77,8 +77,10 @@ type SendMetadata struct {
 	SchemaVersion      []byte
 	HasSchemaVersion   bool
 	// Special is true when the message must travel alone and unchanged (DESIGN.md section 2):
-	// a chunk, an encrypted, delayed, marker, replicated or transactional message, or a codec
-	// this build does not know.
+	// a chunk, an encrypted, delayed, marker, replicated or transactional message, one with a
+	// schema id or an entry hash range of its own, a codec this build does not know, or any
+	// field this build does not know (or one with a wire type the runtime would keep as
+	// unknown): an entry the proxy builds would not carry it, so the message keeps its own.
 	Special bool
 
 	// The fields of a message sent alone that move into its SingleMessageMetadata.
@@ -130,12 +132,17 @@ func ParseSendMetadata(b []byte, m *SendMetadata) error {
 				if !packedVarints(f.B) {
 					return ErrMalformedMetadata
 				}
+			case mdProducerName:
+				// The entry's producer is the proxy's; the name is the same.
 			case mdReplicatedFrom, mdReplicateTo, mdEncryptionKeys, mdEncryptionAlgo, mdEncryptionParam, mdUUID:
+				m.Special = true
+			default: // a schema id, or a field this build does not know
 				m.Special = true
 			}
 			continue
 		}
 		if f.WireType != pbscan.Varint {
+			m.Special = true // a field this build does not know, or a known one the runtime would keep as unknown
 			continue
 		}
 		switch f.Num {
@@ -157,7 +164,13 @@ func ParseSendMetadata(b []byte, m *SendMetadata) error {
 			m.nullValue, m.hasNull = f.V != 0, true
 		case mdNullPartitionKey:
 			m.nullPK, m.hasNullPK = f.V != 0, true
+		case mdHighestSequenceID:
+			// Renumbered with the entry (rebatch).
+		case mdCompactedBatchIndexes:
+			// Unpacked, as the runtime also reads a repeated scalar; set by compaction only.
 		case mdDeliverAtTime, mdMarkerType, mdTxnidLeastBits, mdTxnidMostBits, mdNumChunksFromMsg, mdChunkID:
+			m.Special = true
+		default: // a chunk's total size, a hash range the client set, or a field this build does not know
 			m.Special = true
 		}
 	}

@@ -37,7 +37,8 @@ func special(md *pulsarpb.MessageMetadata) bool {
 	return !known || md.ChunkId != nil || md.NumChunksFromMsg != nil || md.Uuid != nil ||
 		len(md.EncryptionKeys) > 0 || md.EncryptionAlgo != nil || md.EncryptionParam != nil ||
 		md.DeliverAtTime != nil || md.MarkerType != nil || md.ReplicatedFrom != nil || len(md.ReplicateTo) > 0 ||
-		md.TxnidLeastBits != nil || md.TxnidMostBits != nil
+		md.TxnidLeastBits != nil || md.TxnidMostBits != nil || md.TotalChunkMsgSize != nil || md.SchemaId != nil ||
+		md.EntryHashMin != nil || md.EntryHashMax != nil || len(md.ProtoReflect().GetUnknown()) > 0
 }
 
 // agreeWithProto checks ParseSendMetadata and AppendSingleMetadata against the runtime for the
@@ -121,6 +122,8 @@ func TestSendMetadataAgreesWithTheRuntime(t *testing.T) {
 		{"encrypted", &pulsarpb.MessageMetadata{EncryptionParam: []byte{}}},
 		{"transaction", &pulsarpb.MessageMetadata{TxnidMostBits: proto.Uint64(0)}},
 		{"negative batch count", &pulsarpb.MessageMetadata{NumMessagesInBatch: proto.Int32(-1)}},
+		{"schema id", &pulsarpb.MessageMetadata{SchemaId: []byte{1}}},
+		{"hash range set by the client", &pulsarpb.MessageMetadata{EntryHashMin: proto.Uint32(0), EntryHashMax: proto.Uint32(99)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := proto.MarshalOptions{AllowPartial: true}.Marshal(tc.md)
@@ -156,6 +159,29 @@ func TestSendMetadataLastOccurrenceAndWrongWireTypes(t *testing.T) {
 		{0x40, 0x63},                         // compression 99: a codec nobody knows
 		{0xc8, 0x01, 0x01, 0xc8, 0x01, 0x00}, // null_value true, then false
 	} {
+		agreeWithProto(t, b)
+	}
+}
+
+// Given metadata with a field this build does not know (a newer client's), of any wire type,
+// when it is scanned,
+// then the send is special: an entry the proxy builds would not carry the field, so the
+// message travels alone and unchanged.
+func TestSendMetadataUnknownFieldsMakeTheSendSpecial(t *testing.T) {
+	for _, b := range [][]byte{
+		{0x10, 0x01, 0xb0, 0x02, 0x05},       // field 38, varint
+		{0x10, 0x01, 0xba, 0x02, 0x01, 'x'},  // field 39, bytes
+		{0x10, 0x01, 0xc5, 0x02, 1, 2, 3, 4}, // field 40, fixed32
+		{0x10, 0x01, 0x50, 0x01},             // field 10 (never assigned), varint
+		{0x10, 0x01, 0xe0, 0x01, 0x10},       // total_chunk_msg_size without a chunk id
+	} {
+		var m SendMetadata
+		if err := ParseSendMetadata(b, &m); err != nil {
+			t.Fatalf("%x: %v", b, err)
+		}
+		if !m.Special {
+			t.Errorf("%x: not special", b)
+		}
 		agreeWithProto(t, b)
 	}
 }
