@@ -665,9 +665,10 @@ func (p *Producer) alone(s *wire.Send) bool {
 
 // neverMerged reports whether a send must be forwarded alone and unchanged (DESIGN.md
 // section 2): chunks, markers, transactions, encrypted payloads, delayed delivery and
-// replication, whose meaning is tied to the entry as the client built it.
+// replication, whose meaning is tied to the entry as the client built it, and sends with a
+// command or metadata field an entry built here would not carry.
 func neverMerged(s *wire.Send, md *wire.SendMetadata) bool {
-	return s.IsChunk || s.Marker || s.HasTxnID || s.MessageID != nil || md.Special
+	return s.IsChunk || s.Marker || s.HasTxnID || s.MessageID != nil || s.Unmodeled || md.Special
 }
 
 // explode takes a send apart into messages, each with an encoded SingleMessageMetadata.

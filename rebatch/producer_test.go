@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rebatchproxy/rebatchproxy/wire"
@@ -429,13 +430,23 @@ func TestNeverMergedSendFlushesOpenBatchThenGoesVerbatim(t *testing.T) {
 		{"schema id", wire.Send{ProducerID: pid, SequenceID: 2}, &pulsarpb.MessageMetadata{ProducerName: proto.String("p"),
 			SequenceId: proto.Uint64(2), PublishTime: proto.Uint64(1), SchemaId: []byte{1, 2}}},
 	}
+	build := map[string]func() ([]byte, error){}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
+		build[c.name] = func() ([]byte, error) { return wire.AppendSendFrameMetadata(nil, &c.send, c.md, []byte("special")) }
+	}
+	// A command field a newer client might send (10), which a built entry's SEND would not carry.
+	build["unknown command field"] = func() ([]byte, error) {
+		cmd := &pulsarpb.CommandSend{ProducerId: proto.Uint64(pid), SequenceId: proto.Uint64(2)}
+		cmd.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 10, protowire.VarintType), 1))
+		return wire.AppendPayloadFrame(nil, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_SEND.Enum(), Send: cmd}, plain, []byte("special"))
+	}
+	for name, frame := range build {
+		t.Run(name, func(t *testing.T) {
 			p := newEngine(t, Policy{Kind: Coalesce}, -1)
 			var out Output
 			send(t, p, clientSingle(t, msg{payload: "a", seq: 0}), &out)
 			send(t, p, clientSingle(t, msg{payload: "b", seq: 1}), &out)
-			special, err := wire.AppendSendFrameMetadata(nil, &c.send, c.md, []byte("special"))
+			special, err := frame()
 			if err != nil {
 				t.Fatal(err)
 			}

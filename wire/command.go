@@ -46,6 +46,10 @@ type Send struct {
 	// MessageID is the encoded MessageIdData used only when replicating
 	// to shadow topics; it aliases the frame's buffer.
 	MessageID []byte
+	// Unmodeled: the command has a field this type does not hold (a
+	// newer client's, or a known one with another wire type), which
+	// AppendSendFrame would not write: such a send must keep its bytes.
+	Unmodeled bool
 }
 
 // ParseSend reads the CommandSend of a SEND frame without allocating.
@@ -103,9 +107,13 @@ func parseSendBody(body []byte) (Send, error) {
 				s.IsChunk = fl.V != 0
 			case 8:
 				s.Marker = fl.V != 0
+			default:
+				s.Unmodeled = true
 			}
 		case fl.WireType == pbscan.Bytes && fl.Num == 9:
 			s.MessageID = fl.B
+		default:
+			s.Unmodeled = true
 		}
 	}
 	return s, nil
