@@ -151,7 +151,8 @@ type pendingProducer struct {
 	producerID uint64
 	topic      string
 	policy     rebatch.Policy
-	schema     *pulsarpb.Schema // the client's, given to bucket producers too
+	// lane is what bucket and merged producers take of the client's PRODUCER (rebatch.OpenLanes).
+	lane *pulsarpb.CommandProducer
 }
 
 // engine is one client producer under a rewriting policy.
@@ -314,11 +315,15 @@ func (r *rebatchPath) FromClient(f wire.Frame, out Outputs) (Verdict, error) {
 			pol = rebatch.Policy{Kind: rebatch.Passthrough}
 		}
 		if pol.Kind != rebatch.Passthrough {
-			var schema *pulsarpb.Schema
+			// What bucket and merged producers take of this one; r.cmd is reused, so copies.
+			lane := &pulsarpb.CommandProducer{Encrypted: c.Encrypted, TxnEnabled: c.TxnEnabled}
 			if c.Schema != nil {
-				schema = proto.Clone(c.Schema).(*pulsarpb.Schema)
+				lane.Schema = proto.Clone(c.Schema).(*pulsarpb.Schema)
 			}
-			r.pending[c.GetRequestId()] = pendingProducer{producerID: c.GetProducerId(), topic: c.GetTopic(), policy: pol, schema: schema}
+			for _, kv := range c.Metadata {
+				lane.Metadata = append(lane.Metadata, proto.Clone(kv).(*pulsarpb.KeyValue))
+			}
+			r.pending[c.GetRequestId()] = pendingProducer{producerID: c.GetProducerId(), topic: c.GetTopic(), policy: pol, lane: lane}
 		}
 		return Forward, nil
 	case pulsarpb.BaseCommand_SEND:
@@ -468,7 +473,7 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 		// ready (with a last_sequence_id covering every bucket) once they all are.
 		e.held, e.heldReqID = proto.Clone(ps).(*pulsarpb.CommandProducerSuccess), ps.GetRequestId()
 		r.opening++
-		err = p.OpenLanes(pp.topic, pp.schema, r.newID, &r.out)
+		err = p.OpenLanes(pp.topic, pp.lane, r.newID, &r.out)
 		for _, id := range p.LaneProducers() {
 			if _, taken := r.producers[id]; !taken { // a shared lane keeps its first engine
 				r.producers[id] = e

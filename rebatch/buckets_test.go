@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/rebatchproxy/rebatchproxy/route"
 	"github.com/rebatchproxy/rebatchproxy/wire"
 	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
@@ -19,8 +21,9 @@ func openBuckets(t *testing.T, n int, last []int64) (*Producer, []uint64) {
 	}
 	next := uint64(1000)
 	var out Output
-	if err := p.OpenLanes("persistent://a/b/t", &pulsarpb.Schema{Name: strp("s"), SchemaData: []byte("{}"), Type: pulsarpb.Schema_Json.Enum()},
-		func() uint64 { next++; return next }, &out); err != nil {
+	like := &pulsarpb.CommandProducer{Schema: &pulsarpb.Schema{Name: strp("s"), SchemaData: []byte("{}"), Type: pulsarpb.Schema_Json.Enum()},
+		Encrypted: proto.Bool(true), TxnEnabled: proto.Bool(true), Metadata: []*pulsarpb.KeyValue{{Key: strp("app"), Value: strp("x")}}}
+	if err := p.OpenLanes("persistent://a/b/t", like, func() uint64 { next++; return next }, &out); err != nil {
 		t.Fatal(err)
 	}
 	var lanes []uint64
@@ -30,7 +33,8 @@ func openBuckets(t *testing.T, n int, last []int64) (*Producer, []uint64) {
 			t.Fatal(err)
 		}
 		pr := cmd.GetProducer()
-		if pr.GetProducerName() != LaneName("p", i) || pr.GetTopic() != "persistent://a/b/t" || !pr.GetUserProvidedProducerName() || pr.GetSchema().GetName() != "s" {
+		if pr.GetProducerName() != LaneName("p", i) || pr.GetTopic() != "persistent://a/b/t" || !pr.GetUserProvidedProducerName() || pr.GetSchema().GetName() != "s" ||
+			!pr.GetEncrypted() || !pr.GetTxnEnabled() || len(pr.GetMetadata()) != 1 || pr.GetMetadata()[0].GetValue() != "x" {
 			t.Fatalf("lane %d PRODUCER %v", i, pr)
 		}
 		if !p.OwnsRequest(pr.GetRequestId()) || p.Ready() {

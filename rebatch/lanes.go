@@ -16,9 +16,12 @@ import (
 // id is at or below its lane's last_sequence_id.
 
 // OpenLanes appends the PRODUCER commands that create the bucket producers. newID returns a
-// fresh id for each producer and each request, unique on the connection. schema is the client
-// producer's schema, so the broker checks the lanes as it checked the client.
-func (p *Producer) OpenLanes(topic string, schema *pulsarpb.Schema, newID func() uint64, out *Output) error {
+// fresh id for each producer and each request, unique on the connection. like is the client's
+// own PRODUCER command (nil: none): the lanes take its schema, so the broker checks them as it
+// checked the client, and its encrypted, txn_enabled and metadata, so a namespace that
+// requires encryption, a transaction buffer still recovering, or a look at the topic's stats
+// treats them as the client's producer.
+func (p *Producer) OpenLanes(topic string, like *pulsarpb.CommandProducer, newID func() uint64, out *Output) error {
 	for i := 1; i < len(p.lanes); i++ {
 		l := p.lanes[i]
 		if l.producerID != 0 {
@@ -27,8 +30,12 @@ func (p *Producer) OpenLanes(topic string, schema *pulsarpb.Schema, newID func()
 		l.producerID, l.requestID = newID(), newID()
 		cmd := &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER.Enum(), Producer: &pulsarpb.CommandProducer{
 			Topic: proto.String(topic), ProducerId: proto.Uint64(l.producerID), RequestId: proto.Uint64(l.requestID),
-			ProducerName: proto.String(l.name), UserProvidedProducerName: proto.Bool(true), Schema: schema,
+			ProducerName: proto.String(l.name), UserProvidedProducerName: proto.Bool(true),
 		}}
+		if like != nil {
+			c := cmd.Producer
+			c.Schema, c.Encrypted, c.TxnEnabled, c.Metadata = like.Schema, like.Encrypted, like.TxnEnabled, like.Metadata
+		}
 		var err error
 		if out.Broker, err = wire.AppendCommandFrame(out.Broker, cmd); err != nil {
 			return err
