@@ -53,3 +53,42 @@ func singleMetaWith(t *testing.T, props map[string]string, reverse bool) batch.S
 	}
 	return m
 }
+
+// Given a properties policy restricting region to us and eu,
+// when a message carries a restricted key twice (which no client API makes, but the protocol
+// allows),
+// then its group is that of the key's last value, the one every client shows its consumers
+// (their property maps keep the later value): us then eu is eu, us then ap is no region.
+func TestGroupOfTakesARepeatedKeysLastValue(t *testing.T) {
+	pol := Policy{Kind: Properties, Restricted: map[string][]string{"region": {"us", "eu"}}}
+	for _, c := range []struct {
+		values []string
+		want   map[string]string
+	}{
+		{[]string{"us", "eu"}, map[string]string{"region": "eu"}},
+		{[]string{"us", "ap"}, map[string]string{}},
+		{[]string{"ap", "us"}, map[string]string{"region": "us"}},
+	} {
+		var kv []*pulsarpb.KeyValue
+		for _, v := range c.values {
+			kv = append(kv, &pulsarpb.KeyValue{Key: proto.String("region"), Value: proto.String(v)})
+		}
+		b, err := proto.Marshal(&pulsarpb.SingleMessageMetadata{Properties: kv, PayloadSize: proto.Int32(1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := batch.ParseSingleMeta(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		got := bytes.Clone(newEngine(t, pol, -1).groupOf(&m))
+
+		want := newEngine(t, pol, -1).groupOf(ptr(singleMetaWith(t, c.want, false)))
+		if !bytes.Equal(got, want) {
+			t.Errorf("region %v: group %x, want that of %v (%x)", c.values, got, c.want, want)
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -745,8 +745,9 @@ func (p *Producer) groupOf(meta *batch.SingleMeta) []byte {
 		vals = append(vals, nil)
 	}
 	_ = meta.Properties(func(k, v []byte) bool {
-		// The first occurrence of a restricted key decides, as clients keep the first.
-		if i := p.restrict.index(k); i >= 0 && vals[i] == nil && p.restrict.admits(i, v) {
+		// The last occurrence of a key is the message's value, as consumers read it: the Java,
+		// Go and C++ clients put each property into a map in order, the later one winning.
+		if i := p.restrict.index(k); i >= 0 {
 			vals[i] = v
 			if v == nil {
 				vals[i] = []byte{}
@@ -757,7 +758,7 @@ func (p *Producer) groupOf(meta *batch.SingleMeta) []byte {
 	p.groupVals = vals
 	p.groupKV = p.groupKV[:0]
 	for i, v := range vals {
-		if v == nil {
+		if v == nil || !p.restrict.admits(i, v) {
 			continue
 		}
 		p.groupKV = binary.AppendUvarint(p.groupKV, uint64(i))
