@@ -171,10 +171,13 @@ func (mc *managedConsumer) grant(r []keyshared.Range) {
 
 func (mc *managedConsumer) sendSubscribe() {
 	c := proto.Clone(mc.subscribe).(*pulsarpb.CommandSubscribe)
-	meta := &pulsarpb.KeySharedMeta{KeySharedMode: pulsarpb.KeySharedMode_STICKY.Enum()}
-	if old := c.GetKeySharedMeta(); old != nil && old.AllowOutOfOrderDelivery != nil {
-		meta.AllowOutOfOrderDelivery = proto.Bool(old.GetAllowOutOfOrderDelivery())
+	// The client's own key-shared options (out-of-order delivery, entry bucket dispatch, any
+	// a newer client sends) stay; only the mode and the ranges are the proxy's.
+	meta := c.GetKeySharedMeta()
+	if meta == nil {
+		meta = &pulsarpb.KeySharedMeta{}
 	}
+	meta.KeySharedMode, meta.HashRanges = pulsarpb.KeySharedMode_STICKY.Enum(), nil
 	for _, x := range mc.ranges {
 		meta.HashRanges = append(meta.HashRanges, &pulsarpb.IntRange{Start: proto.Int32(x.Start), End: proto.Int32(x.End)})
 	}

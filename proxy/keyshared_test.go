@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rebatchproxy/rebatchproxy/keyshared"
@@ -91,6 +92,29 @@ func TestCoreManagedSubscribeGoesOutAsStickyWholeBuckets(t *testing.T) {
 	l.feed(l.broker, frame(t, ksSuccess(10)))
 	if got := decodeAll(t, l.client.take()); len(got) != 1 || got[0].GetSuccess().GetRequestId() != 10 {
 		t.Fatalf("client got %v", got)
+	}
+}
+
+// Given a server managing a topic of 4 buckets,
+// when a client subscribes to it Key_Shared with options of its own (out-of-order delivery,
+// PIP-486's entry bucket dispatch, and a field this build does not know),
+// then the SUBSCRIBE the broker gets keeps them all; only the mode and the ranges change.
+func TestCoreManagedSubscribeKeepsTheClientsKeySharedOptions(t *testing.T) {
+	l := managedCore(t)
+	sub := ksSubscribe(1, 10, "a")
+	ks := sub.GetSubscribe().GetKeySharedMeta()
+	ks.AllowOutOfOrderDelivery, ks.EntryBucketDispatch = proto.Bool(true), proto.Bool(true)
+	ks.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 9, protowire.VarintType), 7))
+
+	l.feed(l.client, frame(t, sub))
+
+	got := decodeAll(t, l.broker.take())
+	if len(got) != 1 || len(stickyRanges(got[0])) != 1 {
+		t.Fatalf("broker got %v", got)
+	}
+	out := got[0].GetSubscribe().GetKeySharedMeta()
+	if !out.GetAllowOutOfOrderDelivery() || !out.GetEntryBucketDispatch() || len(out.ProtoReflect().GetUnknown()) == 0 {
+		t.Fatalf("the client's key-shared options were dropped: %v", out)
 	}
 }
 

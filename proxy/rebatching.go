@@ -530,8 +530,12 @@ func (r *rebatchPath) FromBroker(f wire.Frame, out Outputs) (Verdict, error) {
 			// is then not the client's to see twice.
 			r.log.Info("broker closed a proxy producer; closing the client's producer so it resends", "topic", e.topic,
 				"producer_id", e.id, "producer", e.name, "proxy_producer_id", id, "pending_sends", e.p.Pending())
+			// As the broker's own would: its request id, and the broker the topic moved to (the
+			// extensible load manager names it), so the client goes there without a lookup.
+			cp := r.cmd.GetCloseProducer()
 			b, err := wire.AppendCommandFrame(nil, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_PRODUCER.Enum(),
-				CloseProducer: &pulsarpb.CommandCloseProducer{ProducerId: proto.Uint64(e.id), RequestId: proto.Uint64(r.newID())}})
+				CloseProducer: &pulsarpb.CommandCloseProducer{ProducerId: proto.Uint64(e.id), RequestId: proto.Uint64(cp.GetRequestId()),
+					AssignedBrokerServiceUrl: cp.AssignedBrokerServiceUrl, AssignedBrokerServiceUrlTls: cp.AssignedBrokerServiceUrlTls}})
 			if err != nil {
 				return Consumed, err
 			}

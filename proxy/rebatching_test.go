@@ -120,10 +120,11 @@ func TestBucketProducersReadyReleaseTheClientsSuccess(t *testing.T) {
 }
 
 // Given a ready buckets producer,
-// when the broker closes one of its bucket producers (an unload), and then answers requests
-// the path made itself,
-// then the client is told to close its own producer 7, never the bucket producer's id, and
-// the answers to the path's requests are not forwarded (contract 5).
+// when the broker closes one of its bucket producers (an unload, naming the broker the topic
+// moved to), and then answers requests the path made itself,
+// then the client is told to close its own producer 7, never the bucket producer's id, as the
+// broker would tell it (same request id and assigned broker), and the answers to the path's
+// requests are not forwarded (contract 5).
 func TestBucketProducerClosedClosesTheClientsProducerOnly(t *testing.T) {
 	p, c, lanes := bucketsPath(t)
 	out := captureOut{t, c}
@@ -136,12 +137,18 @@ func TestBucketProducerClosedClosesTheClientsProducerOnly(t *testing.T) {
 	c.client, c.broker = nil, nil
 
 	v, err := p.FromBroker(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_PRODUCER.Enum(), CloseProducer: &pulsarpb.CommandCloseProducer{
-		ProducerId: lanes[0].ProducerId, RequestId: proto.Uint64(50)}}), out)
+		ProducerId: lanes[0].ProducerId, RequestId: proto.Uint64(50), AssignedBrokerServiceUrl: proto.String("pulsar://b2:6650"),
+		AssignedBrokerServiceUrlTls: proto.String("pulsar+ssl://b2:6651")}}), out)
 	if err != nil || v != Consumed {
 		t.Fatalf("lane close: %v %v (the connection must stay up)", v, err)
 	}
 	if len(c.client) != 1 || c.client[0].GetCloseProducer().GetProducerId() != 7 {
 		t.Fatalf("client got %v, want one CLOSE_PRODUCER for its producer 7", c.client)
+	}
+	// As the broker's own close would: its request id, and where the topic went.
+	if cp := c.client[0].GetCloseProducer(); cp.GetRequestId() != 50 || cp.GetAssignedBrokerServiceUrl() != "pulsar://b2:6650" ||
+		cp.GetAssignedBrokerServiceUrlTls() != "pulsar+ssl://b2:6651" {
+		t.Fatalf("client's CLOSE_PRODUCER %v, want the lane close's request id and assigned broker", cp)
 	}
 	// The broker then answers the path's own CLOSE_PRODUCERs, and closes producer 7 itself.
 	var own []uint64

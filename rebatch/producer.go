@@ -245,6 +245,7 @@ type Producer struct {
 	msgs      []msgRef
 	unzip     []byte
 	single    []byte
+	numbered  []byte // explode's SingleMessageMetadata of messages given their batch's id
 	zipped    []byte
 	groupKV   []byte
 	groupVals [][]byte
@@ -717,7 +718,43 @@ func (p *Producer) explode(f wire.Frame, s *wire.Send) ([]msgRef, error) {
 	if err := it.Err(); err != nil || len(p.msgs) == 0 {
 		return nil, fmt.Errorf("%w: batch payload: %v", ErrMalformedSend, err)
 	}
+	if p.atomic {
+		p.numberMessages()
+	}
 	return p.msgs, nil
+}
+
+// smmSequenceID is the key of SingleMessageMetadata.sequence_id (field 8, wire type 0: varint).
+const smmSequenceID = 8 << 3
+
+// numberMessages gives each message of a batch numbered as one (no sequence id of its own) its
+// batch's id in its own metadata. A consumer reads the entry's outer sequence_id for a message
+// without one: directly that is its batch's, but in an entry built here it is the entry's first
+// send's, which need not be its own (contract 3).
+func (p *Producer) numberMessages() {
+	need := 0
+	for i := range p.msgs {
+		if !p.msgs[i].meta.HasSequenceID {
+			need += len(p.msgs[i].smm) + 1 + binary.MaxVarintLen64
+		}
+	}
+	if cap(p.numbered) < need {
+		p.numbered = make([]byte, 0, need) // filled below without growing: the slices stay valid
+	}
+	buf := p.numbered[:0]
+	for i := range p.msgs {
+		m := &p.msgs[i]
+		if m.meta.HasSequenceID {
+			continue
+		}
+		start := len(buf)
+		buf = append(buf, m.smm...)
+		buf = append(buf, smmSequenceID)
+		buf = binary.AppendUvarint(buf, m.seq)
+		m.smm = buf[start:len(buf):len(buf)]
+		m.meta.HasSequenceID, m.meta.SequenceID = true, m.seq
+	}
+	p.numbered = buf
 }
 
 // sameEntryFields reports whether the send in p.meta may share an entry with an open batch: the

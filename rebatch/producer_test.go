@@ -783,8 +783,10 @@ func clientBatchV08(t testing.TB, seq uint64, msgs []msg) []byte {
 
 // Given batches that carry one sequence id for all their messages (old Go clients),
 // when two homogeneous ones and then a mixed one arrive under the properties policy,
-// then the homogeneous ones are merged whole into an entry whose range is their two ids, and
-// the mixed one, which could only be cut into entries sharing one id, goes unchanged.
+// then the homogeneous ones are merged whole into an entry whose range is their two ids, each
+// message carrying its own batch's id (a consumer would otherwise read the entry's, 5, for d
+// and e, where directly it reads 6), and the mixed one, which could only be cut into entries
+// sharing one id, goes unchanged.
 func TestBatchesNumberedAsOneAreMergedWholeNeverCut(t *testing.T) {
 	p := newEngine(t, pip191Policy, -1)
 	eu := map[string]string{"region": "eu"}
@@ -801,6 +803,11 @@ func TestBatchesNumberedAsOneAreMergedWholeNeverCut(t *testing.T) {
 	e := decodeEntries(t, fs[0].Bytes())[0]
 	if e.send.SequenceID != 5 || e.send.HighestSequenceID != 6 || strings.Join(e.bodies, "") != "abcde" || outerProps(e.md) != "region:eu" {
 		t.Fatalf("merged entry %d..%d %v %q", e.send.SequenceID, e.send.HighestSequenceID, e.bodies, outerProps(e.md))
+	}
+	for i, m := range e.msgs {
+		if want := []uint64{5, 5, 5, 6, 6}[i]; !m.HasSequenceID || m.SequenceID != want {
+			t.Errorf("message %q: sequence id %d (present %v), want %d", e.bodies[i], m.SequenceID, m.HasSequenceID, want)
+		}
 	}
 	if !bytes.Equal(fs[1].Bytes(), mixed) {
 		t.Fatal("the mixed batch was cut")
