@@ -118,8 +118,10 @@ func (s *session) managedSubscribe(c *pulsarpb.CommandSubscribe) bool {
 	if s.srv.ks == nil || c.GetSubType() != pulsarpb.CommandSubscribe_Key_Shared {
 		return false
 	}
-	if ks := c.GetKeySharedMeta(); ks != nil && ks.GetKeySharedMode() == pulsarpb.KeySharedMode_STICKY && len(ks.GetHashRanges()) > 0 {
-		return false // aligned by the application: its ranges are its own
+	if ks := c.GetKeySharedMeta(); ks != nil && ks.GetKeySharedMode() == pulsarpb.KeySharedMode_STICKY {
+		// Aligned by the application: its ranges are its own. Without ranges, the broker
+		// refuses it ("Ranges for KeyShared policy must not be empty"), as directly.
+		return false
 	}
 	ring := s.srv.cfg.ManagedKeyShared(c.GetTopic())
 	if ring == nil {

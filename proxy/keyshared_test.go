@@ -96,6 +96,23 @@ func TestCoreManagedSubscribeGoesOutAsStickyWholeBuckets(t *testing.T) {
 }
 
 // Given a server managing a topic of 4 buckets,
+// when a client subscribes to it Key_Shared STICKY without ranges,
+// then the SUBSCRIBE reaches the broker unchanged, for it to refuse as it would directly
+// ("Ranges for KeyShared policy must not be empty"), not managed into a working one.
+func TestCoreStickySubscribeWithoutRangesIsTheBrokersToJudge(t *testing.T) {
+	l := managedCore(t)
+	sub := ksSubscribe(1, 10, "a")
+	sub.GetSubscribe().GetKeySharedMeta().KeySharedMode = pulsarpb.KeySharedMode_STICKY.Enum()
+
+	l.feed(l.client, frame(t, sub))
+
+	got := decodeAll(t, l.broker.take())
+	if len(got) != 1 || !proto.Equal(got[0], sub) {
+		t.Fatalf("broker got %v, want the client's SUBSCRIBE unchanged", got)
+	}
+}
+
+// Given a server managing a topic of 4 buckets,
 // when a client subscribes to it Key_Shared with options of its own (out-of-order delivery,
 // PIP-486's entry bucket dispatch, and a field this build does not know),
 // then the SUBSCRIBE the broker gets keeps them all; only the mode and the ranges change.
