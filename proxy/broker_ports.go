@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -165,6 +166,11 @@ func (s *Server) portURL(plain, tlsAddr string, wantTLS bool) (url string, ok bo
 func (s *Server) rewriteHTTPLookup(body []byte) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(body, &m); err != nil {
+		if json.Valid(body) && !bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) {
+			// Not LookupData but another /lookup/ answer (a topic's bundle range is a JSON
+			// string): it names no broker, so it goes on as it is.
+			return body, nil
+		}
 		return nil, fmt.Errorf("answer is not a JSON object: %v", err)
 	}
 	str := func(k string) string {
@@ -186,11 +192,10 @@ func (s *Server) rewriteHTTPLookup(body []byte) ([]byte, error) {
 		if !known {
 			return nil, fmt.Errorf("%w: %s / %s (it gets one when broker-url names it so)", ErrUnmappedBroker, str("brokerUrl"), str("brokerUrlTls"))
 		}
-		_, present := m[f.key]
-		switch {
-		case u == "":
-			delete(m, f.key)
-		case present || !f.ifThere:
+		// Without a port of that kind the field is "" rather than absent: clients that
+		// require it (the C++ client fails a lookup whose answer lacks brokerUrl, even over
+		// TLS) keep parsing, and none is sent around the proxy.
+		if _, present := m[f.key]; present || !f.ifThere {
 			raw, _ := json.Marshal(u)
 			m[f.key] = raw
 		}

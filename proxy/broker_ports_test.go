@@ -31,7 +31,7 @@ func lookupWeb(t *testing.T, plain, tlsAddr string) *httptest.Server {
 // answers HTTP lookups naming B,
 // when a client looks a topic up over HTTP through the web port,
 // then the answer's brokerUrl and nativeUrl name B's port on the proxy, brokerUrlTls (no TLS
-// ports configured) is removed and the other fields are kept; and a CONNECT without
+// ports configured) is empty and the other fields are kept; and a CONNECT without
 // proxy_to_broker_url on that port reaches B.
 func TestHTTPLookupAnswersNameTheBrokersPortOnTheProxy(t *testing.T) {
 	a, b := newFakeBroker(t), newFakeBroker(t)
@@ -50,8 +50,8 @@ func TestHTTPLookupAnswersNameTheBrokersPortOnTheProxy(t *testing.T) {
 	if port == "" || got["brokerUrl"] != port || got["nativeUrl"] != port || got["httpUrl"] != "http://b:8080" {
 		t.Fatalf("answer %v; B's port %q (ports %v)", got, port, srv.BrokerPorts())
 	}
-	if _, ok := got["brokerUrlTls"]; ok {
-		t.Errorf("brokerUrlTls kept without TLS ports: %v", got)
+	if tlsURL, ok := got["brokerUrlTls"]; !ok || tlsURL != "" {
+		t.Errorf("brokerUrlTls without TLS ports: %v; want it present and empty (parsers require it; no client is sent around the proxy)", got)
 	}
 	c := dial(t, strings.TrimPrefix(port, "pulsar://"))
 	send(t, c, frame(t, connectCmd("")))
@@ -164,5 +164,33 @@ func TestBrokerPortStillRefusesUnknownTargets(t *testing.T) {
 	case <-a.conns:
 		t.Error("proxy connected to broker A for a refused target")
 	default:
+	}
+}
+
+// Given ports per broker of the TLS kind only,
+// when a lookup answer comes back,
+// then brokerUrl is present and empty (the C++ client refuses an answer without it, even over
+// TLS) and brokerUrlTls names the TLS port.
+func TestHTTPLookupWithTLSPortsOnlyKeepsAnEmptyBrokerURL(t *testing.T) {
+	srv := &Server{brokerPorts: []*brokerPort{{broker: "b1:6650", tls: true, url: "pulsar+ssl://proxy:7100"}}}
+
+	out, err := srv.rewriteHTTPLookup([]byte(`{"brokerUrl":"pulsar://b1:6650","brokerUrlSsl":""}`))
+
+	if err != nil || string(out) != `{"brokerUrl":"","brokerUrlSsl":"","brokerUrlTls":"pulsar+ssl://proxy:7100"}` {
+		t.Fatalf("%s %v", out, err)
+	}
+}
+
+// Given ports per broker,
+// when a /lookup/ answer is not LookupData but a JSON string (GET .../bundle: the topic's
+// bundle range, as pulsar-admin topics bundle-range asks),
+// then it goes to the client unchanged instead of failing as a malformed lookup.
+func TestHTTPLookupAnswerThatIsNotAnObjectPassesUnchanged(t *testing.T) {
+	srv := &Server{brokerPorts: []*brokerPort{{broker: "b1:6650", url: "pulsar://proxy:7000"}}}
+
+	out, err := srv.rewriteHTTPLookup([]byte(`"0x00000000_0x40000000"`))
+
+	if err != nil || string(out) != `"0x00000000_0x40000000"` {
+		t.Fatalf("%s %v", out, err)
 	}
 }

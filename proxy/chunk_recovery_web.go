@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -40,7 +41,9 @@ type AdminStoredReader struct {
 	Client *http.Client
 	TLS    *tls.Config
 
-	rr atomic.Uint32
+	rr   atomic.Uint32
+	once sync.Once
+	own  *http.Client // the client made for a nil Client, once (its connections are reused)
 }
 
 // errTopicStart means the read went past the topic's first entry: the broker answers a
@@ -55,9 +58,18 @@ func (a *AdminStoredReader) ReadStored(ctx context.Context, topic, producer stri
 	}
 	client := a.Client
 	if client == nil {
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.TLSClientConfig = a.TLS
-		client = &http.Client{Transport: tr}
+		a.once.Do(func() {
+			tr := http.DefaultTransport.(*http.Transport).Clone()
+			tr.TLSClientConfig = a.TLS
+			a.own = &http.Client{Transport: tr, CheckRedirect: func(req *http.Request, via []*http.Request) error {
+				if len(via) >= 10 {
+					return errors.New("stopped after 10 redirects")
+				}
+				keepAuthorization(req, via) // to the broker that owns the topic, under another host name
+				return nil
+			}}
+		})
+		client = a.own
 	}
 	var found []chunkdedup.Stored
 	read := 0

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -93,7 +94,19 @@ func (w *webProxy) checkRedirect(req *http.Request, via []*http.Request) error {
 	if !w.knownHost(req.URL) {
 		return fmt.Errorf("%w: %s is not a known broker", errRedirectRefused, req.URL.Host)
 	}
+	keepAuthorization(req, via)
 	return nil
+}
+
+// keepAuthorization carries the first request's Authorization over a redirect. net/http drops
+// it when the redirect goes to another host name (broker-1 to broker-2), which a broker of a
+// cluster with authentication would answer 401; the target is a broker the caller checked, as
+// Pulsar's own proxy carries it ("Ensure the Authorization header is carried over after a 307
+// redirect from brokers").
+func keepAuthorization(req *http.Request, via []*http.Request) {
+	if a := via[0].Header.Get("Authorization"); a != "" && req.Header.Get("Authorization") == "" {
+		req.Header.Set("Authorization", a)
+	}
 }
 
 // knownHost reports whether u names a configured broker web URL's host:port
@@ -114,7 +127,7 @@ func (w *webProxy) roundTrip(r *http.Request) (*http.Response, error) {
 	if r.Body != nil {
 		b, err := io.ReadAll(r.Body)
 		if err != nil {
-			return nil, err
+			return nil, err // over webBodyLimit (a body without a length): fail answers 413
 		}
 		body = b
 	}
@@ -130,6 +143,9 @@ func (w *webProxy) roundTrip(r *http.Request) (*http.Response, error) {
 			// any compression itself, so the body arrives as plain JSON.
 			out.Header.Del("Accept-Encoding")
 		}
+		// The body is in hand: net/http already told the client to go on, and the broker's
+		// own 100 Continue would reach it as a second one.
+		out.Header.Del("Expect")
 		if body != nil {
 			out.Body = io.NopCloser(bytes.NewReader(body))
 			out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
@@ -140,11 +156,20 @@ func (w *webProxy) roundTrip(r *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		lastErr = err
-		if errors.Is(err, errRedirectRefused) {
-			break // the broker answered; another would answer the same
+		if !unreachable(err) {
+			// The broker answered or may have taken the request (a timeout, a reset after
+			// sending): another broker would answer the same, or a POST would run twice.
+			break
 		}
 	}
 	return nil, lastErr
+}
+
+// unreachable reports whether err means the request never reached a broker (the connection
+// could not be made), so another broker may be tried.
+func unreachable(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // rewritesLookups reports whether r is an HTTP lookup whose answer names
@@ -180,6 +205,11 @@ func (w *webProxy) rewriteLookupAnswer(resp *http.Response) error {
 }
 
 func (w *webProxy) fail(rw http.ResponseWriter, r *http.Request, err error) {
+	if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
+		w.srv.m.web[webRefused].Add(1)
+		http.Error(rw, fmt.Sprintf("proxy: request body over %d bytes", webBodyLimit), http.StatusRequestEntityTooLarge)
+		return
+	}
 	w.srv.m.web[webBrokerError].Add(1)
 	w.srv.log.Warn("web request not forwarded", "method", r.Method, "path", r.URL.Path, "client", r.RemoteAddr, "reason", err.Error())
 	http.Error(rw, "proxy: "+err.Error(), http.StatusBadGateway)
@@ -196,6 +226,14 @@ func (w *webProxy) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		http.Error(rw, fmt.Sprintf("proxy: %s is not forwarded (only %s)", r.URL.Path, strings.Join(webPrefixes, ", ")), http.StatusNotFound)
 		return
 	}
+	if !cleanPath(r.URL.Path) {
+		// "/admin/../metrics" would pass the prefix check and reach what the broker serves
+		// once it resolves the dots (contract 6: only the admin API and lookups).
+		w.srv.m.web[webRefused].Add(1)
+		w.srv.log.Warn("web request refused: a path with . or .. segments or empty ones", "method", r.Method, "path", r.URL.Path, "client", r.RemoteAddr)
+		http.Error(rw, "proxy: a path with . or .. segments or empty ones is not forwarded", http.StatusBadRequest)
+		return
+	}
 	if r.ContentLength > webBodyLimit {
 		w.srv.m.web[webRefused].Add(1)
 		http.Error(rw, fmt.Sprintf("proxy: request body over %d bytes", webBodyLimit), http.StatusRequestEntityTooLarge)
@@ -208,6 +246,16 @@ func (w *webProxy) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(rw, r.Body, webBodyLimit)
 	w.srv.m.web[webForwarded].Add(1)
 	w.rp.ServeHTTP(rw, r)
+}
+
+// cleanPath reports whether p (decoded) has no ".", ".." or empty segment, a trailing slash
+// aside: what the broker would serve is then what the prefix check saw.
+func cleanPath(p string) bool {
+	c := path.Clean(p)
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
+	}
+	return c == p
 }
 
 // serveWeb starts the web listeners Config names (HTTP, and HTTPS with the
@@ -230,8 +278,12 @@ func (s *Server) serveWeb() error {
 		}
 		// net/http's own errors (refused TLS handshakes: no, an untrusted or an
 		// expired client certificate; malformed requests) go to the proxy's log.
-		hs := &http.Server{Handler: wp, ReadHeaderTimeout: s.cfg.HandshakeTimeout,
-			ErrorLog: slog.NewLogLogger(s.log.With("listener", "web").Handler(), slog.LevelWarn)}
+		// A request's body is read within WebTimeout (a client trickling it would hold a
+		// goroutine and its buffer for ever); an idle keep-alive connection is closed after
+		// IdleTimeout, as the binary port's.
+		hs := &http.Server{Handler: wp, ReadHeaderTimeout: s.cfg.HandshakeTimeout, ReadTimeout: s.cfg.WebTimeout,
+			IdleTimeout: s.cfg.IdleTimeout,
+			ErrorLog:    slog.NewLogLogger(s.log.With("listener", "web").Handler(), slog.LevelWarn)}
 		s.webServers = append(s.webServers, hs)
 		s.webAddrs = append(s.webAddrs, ln.Addr().String())
 		go func() { _ = hs.Serve(ln) }()

@@ -7,7 +7,9 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // startWebProxy runs a proxy whose web port forwards to the broker web URLs given.
@@ -81,5 +83,126 @@ func TestWebPortRefusesUnknownRedirectsAndOtherPaths(t *testing.T) {
 	}
 	if srv.m.web[webBrokerError].Load() != 1 || srv.m.web[webRefused].Load() != 1 {
 		t.Errorf("counted %d broker errors, %d refusals", srv.m.web[webBrokerError].Load(), srv.m.web[webRefused].Load())
+	}
+}
+
+// Given a web port in front of broker A, which redirects a topic's admin request to broker B
+// under another host name (localhost against 127.0.0.1, as broker-1 against broker-2),
+// when a client with a token POSTs to it, asking for 100 Continue,
+// then B gets the token (net/http drops Authorization on a redirect to another host; a broker
+// with authentication would answer 401) and no Expect of its own to answer.
+func TestWebPortRedirectToAnotherHostKeepsTheToken(t *testing.T) {
+	var gotAuth, gotExpect string
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		gotAuth, gotExpect = r.Header.Get("Authorization"), r.Header.Get("Expect")
+		io.WriteString(w, "ok")
+	}))
+	defer b.Close()
+	bu, _ := url.Parse(b.URL)
+	bLocal := "http://localhost:" + bu.Port()
+	a := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, bLocal+r.URL.Path, http.StatusTemporaryRedirect)
+	}))
+	defer a.Close()
+	_, web := startWebProxy(t, a.URL, bLocal)
+	req, _ := http.NewRequest(http.MethodPost, web+"/admin/v2/persistent/t/n/x/subscription/s/skip_all", strings.NewReader("{}"))
+	req.Header.Set("Authorization", "Bearer secret")
+	req.Header.Set("Expect", "100-continue")
+
+	resp, err := http.DefaultClient.Do(req)
+
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || gotAuth != "Bearer secret" || gotExpect != "" {
+		t.Fatalf("status %d; B got Authorization %q and Expect %q; want the token and no Expect", resp.StatusCode, gotAuth, gotExpect)
+	}
+}
+
+// Given a web port in front of a broker,
+// when a client asks for paths that leave /admin/ or /lookup/ once their dots are resolved,
+// then each is refused with 400 and never reaches the broker; a path ending in a slash passes.
+func TestWebPortRefusesDotSegments(t *testing.T) {
+	var reached []string
+	a := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached = append(reached, r.URL.Path)
+		io.WriteString(w, "ok")
+	}))
+	defer a.Close()
+	_, web := startWebProxy(t, a.URL)
+	for _, p := range []string{"/admin/../metrics", "/admin/v2/../../debug/pprof/", "/lookup/%2e%2e/metrics", "/admin/./v2/clusters", "/admin//v2/clusters"} {
+		req, _ := http.NewRequest(http.MethodGet, web+"/x", nil)
+		req.URL.Opaque = p // sent as written, dots and all
+
+		resp, err := http.DefaultClient.Do(req)
+
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("%s: status %d, want 400", p, resp.StatusCode)
+		}
+	}
+	if code, _ := get(t, http.MethodGet, web+"/admin/v2/tenants/", ""); code != http.StatusOK {
+		t.Errorf("/admin/v2/tenants/: status %d", code)
+	}
+	if len(reached) != 1 {
+		t.Fatalf("the broker was reached for %v; want only /admin/v2/tenants/", reached)
+	}
+}
+
+// Given a web port in front of brokers A and B, where A takes a POST and does not answer
+// within the web timeout,
+// when a client POSTs through the web port,
+// then it gets 502 and B never sees the request (A may have acted on it; sending it again
+// elsewhere could run it twice).
+func TestWebPortDoesNotResendARequestABrokerMayHaveTaken(t *testing.T) {
+	var bGot atomic.Bool
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { bGot.Store(true) }))
+	defer b.Close()
+	release := make(chan struct{})
+	a := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-release }))
+	defer a.Close()
+	defer close(release)
+	fb := newFakeBroker(t)
+	srv, _, _ := startProxy(t, []string{fb.addr()}, func(c *Config) {
+		c.WebListen, c.BrokerWebURLs, c.WebTimeout = "127.0.0.1:0", []string{a.URL, b.URL}, 300*time.Millisecond
+	})
+	for i := 0; i < 2; i++ { // round robin: one of the two starts at A
+
+		code, _ := get(t, http.MethodPost, "http://"+srv.WebAddrs()[0]+"/admin/v2/persistent/t/n/x/subscription/s/skip_all", "{}")
+
+		if code == http.StatusBadGateway {
+			if bGot.Load() {
+				t.Fatal("the POST A timed out on was sent to B too")
+			}
+			return
+		}
+		bGot.Store(false)
+	}
+	t.Fatal("no request went to A first")
+}
+
+// Given a web port,
+// when a client POSTs a body over the limit without announcing its length (chunked),
+// then it gets 413, as for an announced one, not 502.
+func TestWebPortRefusesAnOversizedChunkedBodyWith413(t *testing.T) {
+	a := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	defer a.Close()
+	_, web := startWebProxy(t, a.URL)
+	body := io.MultiReader(strings.NewReader(strings.Repeat("x", webBodyLimit)), strings.NewReader("and more"))
+	req, _ := http.NewRequest(http.MethodPost, web+"/admin/v3/packages/function/t/n/p@v1", body)
+	req.ContentLength = -1
+
+	resp, err := http.DefaultClient.Do(req)
+
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("status %d, want 413", resp.StatusCode)
 	}
 }
