@@ -43,6 +43,12 @@ func singleMetaWith(t *testing.T, props map[string]string, reverse bool) batch.S
 			kv[i], kv[j] = kv[j], kv[i]
 		}
 	}
+	return singleMetaOf(t, kv)
+}
+
+// singleMetaOf encodes a SingleMessageMetadata with the properties kv, in order, and parses it.
+func singleMetaOf(t *testing.T, kv []*pulsarpb.KeyValue) batch.SingleMeta {
+	t.Helper()
 	b, err := proto.Marshal(&pulsarpb.SingleMessageMetadata{Properties: kv, PayloadSize: proto.Int32(1)})
 	if err != nil {
 		t.Fatal(err)
@@ -73,14 +79,7 @@ func TestGroupOfTakesARepeatedKeysLastValue(t *testing.T) {
 		for _, v := range c.values {
 			kv = append(kv, &pulsarpb.KeyValue{Key: proto.String("region"), Value: proto.String(v)})
 		}
-		b, err := proto.Marshal(&pulsarpb.SingleMessageMetadata{Properties: kv, PayloadSize: proto.Int32(1)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := batch.ParseSingleMeta(b)
-		if err != nil {
-			t.Fatal(err)
-		}
+		m := singleMetaOf(t, kv)
 
 		got := bytes.Clone(newEngine(t, pol, -1).groupOf(&m))
 

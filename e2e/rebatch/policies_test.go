@@ -53,13 +53,7 @@ func sendAll(t *testing.T, p pulsar.Producer, msgs []*pulsar.ProducerMessage) []
 // payloads "m-0".."m-(n-1)" in order.
 func consumeAll(t *testing.T, b *harness.Broker, topic string, n int, check func(i int, m pulsar.Message)) {
 	t.Helper()
-	c := newClient(t, b.ServiceURL)
-	cons, err := c.Subscribe(pulsar.ConsumerOptions{Topic: topic, SubscriptionName: "check", Type: pulsar.Exclusive,
-		SubscriptionInitialPosition: pulsar.SubscriptionPositionEarliest})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cons.Close()
+	cons := subscribeEarliest(t, b, topic)
 	ctx := ctxT(t, time.Minute)
 	for i := 0; i < n; i++ {
 		m, err := cons.Receive(ctx)
