@@ -70,7 +70,7 @@ func legacyGroup(props map[string]string) string {
 // when the client's driver sends through the proxy 300 messages all in region us, then 300
 // whose region cycles 0, 1, 2 (2 is not admitted),
 // then every stored entry is a batch whose messages share one group, equal to its outer
-// properties, the broker stores each message once in producer order, and the same client,
+// properties, and each carry a sequence id of their own, the broker stores each message once in producer order, and the same client,
 // consuming through the proxy, receives each message once, in producer order, with its own
 // properties.
 func TestLegacyClientsThroughPropertiesPolicy(t *testing.T) {
@@ -187,6 +187,14 @@ func testLegacy(t *testing.T, pol rebatch.Policy, runs []legacyRun) {
 					}
 					clientBuilt++
 					continue
+				}
+				// A consumer reads the entry's outer sequence id for a message without one of its
+				// own, and in an entry the proxy built that is the first send's: every message
+				// there carries its own (a batch numbered as one, its batch's).
+				for _, m := range e.Messages {
+					if e.Batched && !m.HasSequence {
+						t.Fatalf("entry %d:%d, built by the proxy, holds a message without a sequence id of its own (the entry's is %d)", e.Ledger, e.Entry, e.SequenceID)
+					}
 				}
 				if pol.Kind == rebatch.Properties {
 					if !e.Batched {
