@@ -37,6 +37,11 @@ import (
 // replay on redirects). Pulsar's admin bodies are small JSON documents.
 const webBodyLimit = 10 << 20
 
+// webBodiesBudget is how many bytes of request bodies the web port may hold at once: a quarter
+// of the memory budget, and at least one body of webBodyLimit (contract 7). A request whose
+// body would not fit is answered 503 with Retry-After.
+func webBodiesBudget(memoryBudget int) int64 { return max(webBodyLimit, int64(memoryBudget)/4) }
+
 // webPrefixes are the paths forwarded to brokers.
 var webPrefixes = []string{"/admin/", "/lookup/"}
 
@@ -51,6 +56,23 @@ type webProxy struct {
 	// credential towards the brokers is its certificate.
 	roleClient *http.Client
 	rp         *httputil.ReverseProxy
+	// bodies is the request body bytes reserved by requests in flight (webBodiesBudget).
+	bodies atomic.Int64
+}
+
+// reserve takes n bytes of the bodies budget, or reports false when they do not fit. Any
+// goroutine may call it.
+func (w *webProxy) reserve(n int64) bool {
+	limit := webBodiesBudget(w.srv.cfg.MemoryBudget)
+	for {
+		cur := w.bodies.Load()
+		if cur+n > limit && n > 0 {
+			return false
+		}
+		if w.bodies.CompareAndSwap(cur, cur+n) {
+			return true
+		}
+	}
 }
 
 func newWebProxy(srv *Server) (*webProxy, error) {
@@ -243,6 +265,21 @@ func (w *webProxy) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	// The body is held whole (it is replayed on redirects): its bytes are reserved first, the
+	// announced length or, for a body of unknown length, the most it may be.
+	need := r.ContentLength
+	if need < 0 {
+		need = webBodyLimit
+	}
+	if !w.reserve(need) {
+		w.srv.m.web[webRefused].Add(1)
+		w.srv.log.Warn("web request refused: request bodies in flight fill the web port's share of the memory budget",
+			"method", r.Method, "path", r.URL.Path, "client", r.RemoteAddr, "body_bytes", need)
+		rw.Header().Set("Retry-After", "1")
+		http.Error(rw, "proxy: too many request bodies in flight; retry", http.StatusServiceUnavailable)
+		return
+	}
+	defer w.bodies.Add(-need)
 	r.Body = http.MaxBytesReader(rw, r.Body, webBodyLimit)
 	w.srv.m.web[webForwarded].Add(1)
 	w.rp.ServeHTTP(rw, r)

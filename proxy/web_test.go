@@ -206,3 +206,64 @@ func TestWebPortRefusesAnOversizedChunkedBodyWith413(t *testing.T) {
 		t.Fatalf("status %d, want 413", resp.StatusCode)
 	}
 }
+
+// Contract 7 on the web port: given a proxy whose memory budget leaves room for 10 MiB of
+// request bodies, and a broker that holds a first 6 MiB upload,
+// when a second 6 MiB upload arrives meanwhile,
+// then it is answered 503 with Retry-After instead of being read into memory, and once the
+// first is answered the next one goes through.
+func TestWebPortBoundsTheRequestBodiesItHolds(t *testing.T) {
+	hold := make(chan struct{})
+	a := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.URL.Query().Get("hold") != "" {
+			<-hold
+		}
+		io.WriteString(w, "ok")
+	}))
+	defer a.Close()
+	fb := newFakeBroker(t)
+	srv, _, _ := startProxy(t, []string{fb.addr()}, func(c *Config) {
+		c.WebListen, c.BrokerWebURLs, c.MemoryBudget = "127.0.0.1:0", []string{a.URL}, 4<<20
+	})
+	web := "http://" + srv.WebAddrs()[0] + "/admin/v3/packages/function/t/n/p@v1"
+	body := strings.Repeat("x", 6<<20)
+	first := make(chan int, 1)
+	go func() {
+		resp, err := http.Post(web+"?hold=1", "application/octet-stream", strings.NewReader(body))
+		if err != nil {
+			first <- 0
+			return
+		}
+		resp.Body.Close()
+		first <- resp.StatusCode
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	code := 0
+	for time.Now().Before(deadline) {
+		resp, err := http.Post(web, "application/octet-stream", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if code = resp.StatusCode; code == http.StatusServiceUnavailable {
+			if resp.Header.Get("Retry-After") == "" {
+				t.Fatal("503 without Retry-After")
+			}
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // the first upload was not in flight yet
+	}
+
+	close(hold)
+
+	if code != http.StatusServiceUnavailable {
+		t.Fatalf("the second upload got %d while the first was held, want 503", code)
+	}
+	if c := <-first; c != http.StatusOK {
+		t.Fatalf("the first upload got %d", c)
+	}
+	if c, _ := get(t, http.MethodPost, web, body); c != http.StatusOK {
+		t.Fatalf("an upload after the first was answered got %d", c)
+	}
+}
