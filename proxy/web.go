@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -38,9 +39,14 @@ import (
 const webBodyLimit = 10 << 20
 
 // webBodiesBudget is how many bytes of request bodies the web port may hold at once: a quarter
-// of the memory budget, and at least one body of webBodyLimit (contract 7). A request whose
-// body would not fit is answered 503 with Retry-After.
-func webBodiesBudget(memoryBudget int) int64 { return max(webBodyLimit, int64(memoryBudget)/4) }
+// of the memory budget, and at least one body of webBodyLimit (contract 7); no bound without a
+// budget. A request whose body would not fit is answered 503 with Retry-After.
+func webBodiesBudget(memoryBudget int) int64 {
+	if memoryBudget <= 0 {
+		return math.MaxInt64
+	}
+	return max(webBodyLimit, int64(memoryBudget)/4)
+}
 
 // webPrefixes are the paths forwarded to brokers.
 var webPrefixes = []string{"/admin/", "/lookup/"}
