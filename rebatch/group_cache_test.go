@@ -63,8 +63,9 @@ func singleMetaOf(t *testing.T, kv []*pulsarpb.KeyValue) batch.SingleMeta {
 // Given a properties policy restricting region to us and eu,
 // when a message carries a restricted key twice (which no client API makes, but the protocol
 // allows),
-// then its group is that of the key's last value, the one every client shows its consumers
-// (their property maps keep the later value): us then eu is eu, us then ap is no region.
+// then its group is that of the key's last value, the one the Java and Go clients show their
+// consumers (their property maps keep the later value; C++ keeps the first): us then eu is eu,
+// us then ap is no region.
 func TestGroupOfTakesARepeatedKeysLastValue(t *testing.T) {
 	pol := Policy{Kind: Properties, Restricted: map[string][]string{"region": {"us", "eu"}}}
 	for _, c := range []struct {

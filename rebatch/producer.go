@@ -782,8 +782,10 @@ func (p *Producer) groupOf(meta *batch.SingleMeta) []byte {
 		vals = append(vals, nil)
 	}
 	_ = meta.Properties(func(k, v []byte) bool {
-		// The last occurrence of a key is the message's value, as consumers read it: the Java,
-		// Go and C++ clients put each property into a map in order, the later one winning.
+		// The last occurrence of a key is the message's value, as the Java client (and broker
+		// code, entry filters included, reading a property list into a map) and the Go client
+		// read it; the C++ client, and Python on it, keep the first. No client API can send a
+		// key twice, so only raw-protocol producers meet the difference.
 		if i := p.restrict.index(k); i >= 0 {
 			vals[i] = v
 			if v == nil {
