@@ -217,10 +217,11 @@ func TestWebPortRefusesAnOversizedChunkedBodyWith413(t *testing.T) {
 // then it is answered 503 with Retry-After instead of being read into memory, and once the
 // first is answered the next one goes through.
 func TestWebPortBoundsTheRequestBodiesItHolds(t *testing.T) {
-	hold := make(chan struct{})
+	holding, hold := make(chan struct{}), make(chan struct{})
 	a := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		if r.URL.Query().Get("hold") != "" {
+			close(holding)
 			<-hold
 		}
 		io.WriteString(w, "ok")
@@ -242,27 +243,24 @@ func TestWebPortBoundsTheRequestBodiesItHolds(t *testing.T) {
 		resp.Body.Close()
 		first <- resp.StatusCode
 	}()
-	deadline := time.Now().Add(5 * time.Second)
-	code := 0
-	for time.Now().Before(deadline) {
-		resp, err := http.Post(web, "application/octet-stream", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if code = resp.StatusCode; code == http.StatusServiceUnavailable {
-			if resp.Header.Get("Retry-After") == "" {
-				t.Fatal("503 without Retry-After")
-			}
-			break
-		}
-		time.Sleep(20 * time.Millisecond) // the first upload was not in flight yet
+	select {
+	case <-holding:
+	case c := <-first:
+		t.Fatalf("the first upload was answered %d before the broker held it", c)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first upload never reached the broker")
 	}
 
-	close(hold)
+	resp, err := http.Post(web, "application/octet-stream", strings.NewReader(body))
 
-	if code != http.StatusServiceUnavailable {
-		t.Fatalf("the second upload got %d while the first was held, want 503", code)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	close(hold)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("the second upload got %d (Retry-After %q) while the first was held, want 503 with Retry-After",
+			resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
 	if c := <-first; c != http.StatusOK {
 		t.Fatalf("the first upload got %d", c)
