@@ -724,9 +724,6 @@ func (p *Producer) explode(f wire.Frame, s *wire.Send) ([]msgRef, error) {
 	return p.msgs, nil
 }
 
-// smmSequenceID is the key of SingleMessageMetadata.sequence_id (field 8, wire type 0: varint).
-const smmSequenceID = 8 << 3
-
 // numberMessages gives each message of a batch numbered as one (no sequence id of its own) its
 // batch's id in its own metadata. A consumer reads the entry's outer sequence_id for a message
 // without one: directly that is its batch's, but in an entry built here it is the entry's first
@@ -735,7 +732,7 @@ func (p *Producer) numberMessages() {
 	need := 0
 	for i := range p.msgs {
 		if !p.msgs[i].meta.HasSequenceID {
-			need += len(p.msgs[i].smm) + 1 + binary.MaxVarintLen64
+			need += len(p.msgs[i].smm) + batch.MaxSequenceIDLen
 		}
 	}
 	if cap(p.numbered) < need {
@@ -748,9 +745,7 @@ func (p *Producer) numberMessages() {
 			continue
 		}
 		start := len(buf)
-		buf = append(buf, m.smm...)
-		buf = append(buf, smmSequenceID)
-		buf = binary.AppendUvarint(buf, m.seq)
+		buf = batch.AppendWithSequenceID(buf, m.smm, m.seq)
 		m.smm = buf[start:len(buf):len(buf)]
 		m.meta.HasSequenceID, m.meta.SequenceID = true, m.seq
 	}

@@ -36,7 +36,7 @@ type Send struct {
 	// HasTxnID: the send belongs to a transaction (txnid_least_bits or
 	// txnid_most_bits present). Presence is what the broker reads, not the
 	// value: the first transaction of coordinator 0 is (0, 0).
-	// AppendSendFrame writes both fields when it is set.
+	// AppendSendFrame writes both fields when it is set, and neither when not.
 	HasTxnID          bool
 	TxnIDLeastBits    uint64
 	TxnIDMostBits     uint64

@@ -112,8 +112,7 @@ func appendSendCommand(dst []byte, s *Send) []byte {
 	if s.NumMessages != 0 {
 		n += 1 + pbscan.VarintLen(uint64(int64(s.NumMessages)))
 	}
-	txn := s.HasTxnID || s.TxnIDLeastBits != 0 || s.TxnIDMostBits != 0
-	if txn {
+	if s.HasTxnID {
 		n += 2 + pbscan.VarintLen(s.TxnIDLeastBits) + pbscan.VarintLen(s.TxnIDMostBits)
 	}
 	if s.HighestSequenceID != 0 {
@@ -139,7 +138,7 @@ func appendSendCommand(dst []byte, s *Send) []byte {
 		dst = pbscan.AppendTag(dst, 3, pbscan.Varint)
 		dst = pbscan.AppendVarint(dst, uint64(int64(s.NumMessages)))
 	}
-	if txn { // both, as clients send them: the broker reads a transaction only when both are present
+	if s.HasTxnID { // both, as clients send them: the broker reads a transaction only when both are present
 		dst = pbscan.AppendTag(dst, 4, pbscan.Varint)
 		dst = pbscan.AppendVarint(dst, s.TxnIDLeastBits)
 		dst = pbscan.AppendTag(dst, 5, pbscan.Varint)

@@ -14,28 +14,16 @@ const (
 	mdSequenceID             = 2
 	mdPublishTime            = 3
 	mdProperties             = 4
-	mdReplicatedFrom         = 5
 	mdPartitionKey           = 6
-	mdReplicateTo            = 7
 	mdCompression            = 8
 	mdUncompressedSize       = 9
 	mdNumMessagesInBatch     = 11
 	mdEventTime              = 12
-	mdEncryptionKeys         = 13
-	mdEncryptionAlgo         = 14
-	mdEncryptionParam        = 15
 	mdSchemaVersion          = 16
 	mdPartitionKeyB64Encoded = 17
 	mdOrderingKey            = 18
-	mdDeliverAtTime          = 19
-	mdMarkerType             = 20
-	mdTxnidLeastBits         = 22
-	mdTxnidMostBits          = 23
 	mdHighestSequenceID      = 24
 	mdNullValue              = 25
-	mdUUID                   = 26
-	mdNumChunksFromMsg       = 27
-	mdChunkID                = 29
 	mdNullPartitionKey       = 30
 	mdCompactedBatchIndexes  = 31
 	mdEntryHashMin           = 33
@@ -134,9 +122,7 @@ func ParseSendMetadata(b []byte, m *SendMetadata) error {
 				}
 			case mdProducerName:
 				// The entry's producer is the proxy's; the name is the same.
-			case mdReplicatedFrom, mdReplicateTo, mdEncryptionKeys, mdEncryptionAlgo, mdEncryptionParam, mdUUID:
-				m.Special = true
-			default: // a schema id, or a field this build does not know
+			default: // replicated, encrypted, a chunk's uuid, a schema id, or a field this build does not know
 				m.Special = true
 			}
 			continue
@@ -168,9 +154,7 @@ func ParseSendMetadata(b []byte, m *SendMetadata) error {
 			// Renumbered with the entry (rebatch).
 		case mdCompactedBatchIndexes:
 			// Unpacked, as the runtime also reads a repeated scalar; set by compaction only.
-		case mdDeliverAtTime, mdMarkerType, mdTxnidLeastBits, mdTxnidMostBits, mdNumChunksFromMsg, mdChunkID:
-			m.Special = true
-		default: // a chunk's total size, a hash range the client set, or a field this build does not know
+		default: // delayed, a marker, a transaction, a chunk, a hash range the client set, or a field this build does not know
 			m.Special = true
 		}
 	}

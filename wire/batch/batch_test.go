@@ -224,3 +224,29 @@ func TestPropertiesAmongOtherFields(t *testing.T) {
 		t.Fatalf("Property(a) = %q, %v; want the first, 1", v, ok)
 	}
 }
+
+// Given the encoded metadata of a message without a sequence id (a batch numbered as one),
+// when sequence id 42 is appended to it,
+// then it parses as the same message with sequence id 42.
+func TestAppendWithSequenceIDSetsOnlyTheID(t *testing.T) {
+	raw, err := proto.Marshal(&pulsarpb.SingleMessageMetadata{PayloadSize: proto.Int32(3), PartitionKey: proto.String("k"),
+		Properties: []*pulsarpb.KeyValue{{Key: proto.String("a"), Value: proto.String("1")}}, EventTime: proto.Uint64(7)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := ParseSingleMeta(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	after, err := ParseSingleMeta(AppendWithSequenceID(nil, raw, 42))
+
+	if err != nil || !after.HasSequenceID || after.SequenceID != 42 {
+		t.Fatalf("parsed %+v, %v; want sequence id 42", after, err)
+	}
+	after.HasSequenceID, after.SequenceID = false, 0
+	if after.PayloadSize != before.PayloadSize || string(after.PartitionKey) != "k" || after.EventTime != 7 ||
+		string(after.PropertiesRaw()) != string(before.PropertiesRaw()) {
+		t.Fatalf("other fields changed: %+v, was %+v", after, before)
+	}
+}

@@ -182,3 +182,14 @@ func parseKeyValue(b []byte) (k, v []byte, ok bool) {
 	}
 	return k, v, true
 }
+
+// MaxSequenceIDLen is the most AppendWithSequenceID adds to a metadata.
+const MaxSequenceIDLen = 1 + 10
+
+// AppendWithSequenceID appends raw, an encoded SingleMessageMetadata without a sequence_id,
+// followed by sequence_id = seq: it parses as raw with that field set.
+func AppendWithSequenceID(dst, raw []byte, seq uint64) []byte {
+	dst = append(dst, raw...)
+	dst = pbscan.AppendTag(dst, smmSequenceID, pbscan.Varint)
+	return pbscan.AppendVarint(dst, seq)
+}
