@@ -315,15 +315,9 @@ func (r *rebatchPath) FromClient(f wire.Frame, out Outputs) (Verdict, error) {
 			pol = rebatch.Policy{Kind: rebatch.Passthrough}
 		}
 		if pol.Kind != rebatch.Passthrough {
-			// What bucket and merged producers take of this one; r.cmd is reused, so copies.
-			lane := &pulsarpb.CommandProducer{Encrypted: c.Encrypted, TxnEnabled: c.TxnEnabled}
-			if c.Schema != nil {
-				lane.Schema = proto.Clone(c.Schema).(*pulsarpb.Schema)
-			}
-			for _, kv := range c.Metadata {
-				lane.Metadata = append(lane.Metadata, proto.Clone(kv).(*pulsarpb.KeyValue))
-			}
-			r.pending[c.GetRequestId()] = pendingProducer{producerID: c.GetProducerId(), topic: c.GetTopic(), policy: pol, lane: lane}
+			// Bucket and merged producers take what they share with this one from a copy (r.cmd is reused).
+			r.pending[c.GetRequestId()] = pendingProducer{producerID: c.GetProducerId(), topic: c.GetTopic(), policy: pol,
+				lane: proto.Clone(c).(*pulsarpb.CommandProducer)}
 		}
 		return Forward, nil
 	case pulsarpb.BaseCommand_SEND:

@@ -76,7 +76,9 @@ func bucketsPath(t *testing.T) (ProducerPath, *capture, []*pulsarpb.CommandProdu
 	c := &capture{}
 	out := captureOut{t, c}
 	v, err := p.FromClient(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER.Enum(), Producer: &pulsarpb.CommandProducer{
-		Topic: proto.String("persistent://a/b/t"), ProducerId: proto.Uint64(7), RequestId: proto.Uint64(3)}}), out)
+		Topic: proto.String("persistent://a/b/t"), ProducerId: proto.Uint64(7), RequestId: proto.Uint64(3),
+		Schema:    &pulsarpb.Schema{Name: proto.String("s"), SchemaData: []byte("{}"), Type: pulsarpb.Schema_Json.Enum()},
+		Encrypted: proto.Bool(true), TxnEnabled: proto.Bool(true), Metadata: []*pulsarpb.KeyValue{{Key: proto.String("app"), Value: proto.String("x")}}}}), out)
 	if err != nil || v != Forward {
 		t.Fatalf("PRODUCER: %v %v", v, err)
 	}
@@ -93,6 +95,14 @@ func bucketsPath(t *testing.T) (ProducerPath, *capture, []*pulsarpb.CommandProdu
 	}
 	if len(lanes) != 2 || len(c.client) != 0 {
 		t.Fatalf("%d lane PRODUCERs, %d frames to the client", len(lanes), len(c.client))
+	}
+	// The lanes are the broker's view of the client's producer: its schema, encryption,
+	// transactions and metadata, under ids and names of their own.
+	for _, l := range lanes {
+		if l.GetSchema().GetName() != "s" || !l.GetEncrypted() || !l.GetTxnEnabled() || len(l.GetMetadata()) != 1 ||
+			l.GetProducerId() == 7 || l.GetRequestId() == 3 || l.GetProducerName() == "" {
+			t.Fatalf("lane PRODUCER %v", l)
+		}
 	}
 	return p, c, lanes
 }

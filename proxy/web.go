@@ -69,10 +69,13 @@ type webProxy struct {
 // reserve takes n bytes of the bodies budget, or reports false when they do not fit. Any
 // goroutine may call it.
 func (w *webProxy) reserve(n int64) bool {
+	if n == 0 {
+		return true
+	}
 	limit := webBodiesBudget(w.srv.cfg.MemoryBudget)
 	for {
 		cur := w.bodies.Load()
-		if cur+n > limit && n > 0 {
+		if cur+n > limit {
 			return false
 		}
 		if w.bodies.CompareAndSwap(cur, cur+n) {
@@ -234,13 +237,18 @@ func (w *webProxy) rewriteLookupAnswer(resp *http.Response) error {
 
 func (w *webProxy) fail(rw http.ResponseWriter, r *http.Request, err error) {
 	if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
-		w.srv.m.web[webRefused].Add(1)
-		http.Error(rw, fmt.Sprintf("proxy: request body over %d bytes", webBodyLimit), http.StatusRequestEntityTooLarge)
+		w.refuseTooLarge(rw)
 		return
 	}
 	w.srv.m.web[webBrokerError].Add(1)
 	w.srv.log.Warn("web request not forwarded", "method", r.Method, "path", r.URL.Path, "client", r.RemoteAddr, "reason", err.Error())
 	http.Error(rw, "proxy: "+err.Error(), http.StatusBadGateway)
+}
+
+// refuseTooLarge answers a request whose body is over webBodyLimit, announced or found so.
+func (w *webProxy) refuseTooLarge(rw http.ResponseWriter) {
+	w.srv.m.web[webRefused].Add(1)
+	http.Error(rw, fmt.Sprintf("proxy: request body over %d bytes", webBodyLimit), http.StatusRequestEntityTooLarge)
 }
 
 // ServeHTTP implements http.Handler.
@@ -263,8 +271,7 @@ func (w *webProxy) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.ContentLength > webBodyLimit {
-		w.srv.m.web[webRefused].Add(1)
-		http.Error(rw, fmt.Sprintf("proxy: request body over %d bytes", webBodyLimit), http.StatusRequestEntityTooLarge)
+		w.refuseTooLarge(rw)
 		return
 	}
 	r, ok = w.authorize(rw, r)
