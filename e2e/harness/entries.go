@@ -83,18 +83,24 @@ type internalStats struct {
 // errEntriesInconsistent: the topic's ledger list does not account for its entry count.
 var errEntriesInconsistent = errors.New("harness: internalStats ledgers do not add up to numberOfEntries")
 
+// internalStats reads a non-partitioned topic's (or one partition's) internal stats.
+func (b *Broker) internalStats(ctx context.Context, topic string) (internalStats, error) {
+	var st internalStats
+	data, err := b.get(ctx, topicPath(topic)+"/internalStats")
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(data, &st); err != nil {
+		return st, fmt.Errorf("internalStats of %s: %w", topic, err)
+	}
+	return st, nil
+}
+
 // EntryCount is the number of entries a non-partitioned topic (or one partition) holds, its
 // numberOfEntries: what the broker stored, markers included.
 func (b *Broker) EntryCount(ctx context.Context, topic string) (int64, error) {
-	data, err := b.get(ctx, topicPath(topic)+"/internalStats")
-	if err != nil {
-		return 0, err
-	}
-	var st internalStats
-	if err := json.Unmarshal(data, &st); err != nil {
-		return 0, fmt.Errorf("internalStats of %s: %w", topic, err)
-	}
-	return st.NumberOfEntries, nil
+	st, err := b.internalStats(ctx, topic)
+	return st.NumberOfEntries, err
 }
 
 // StoredEntries reads every entry of a non-partitioned topic (or one partition,
@@ -106,13 +112,9 @@ func (b *Broker) StoredEntries(ctx context.Context, topic string) ([]StoredEntry
 	type span struct{ ledger, last int64 }
 	var spans []span
 	for attempt := 0; ; attempt++ {
-		data, err := b.get(ctx, topicPath(topic)+"/internalStats")
+		st, err := b.internalStats(ctx, topic)
 		if err != nil {
 			return nil, err
-		}
-		var st internalStats
-		if err := json.Unmarshal(data, &st); err != nil {
-			return nil, fmt.Errorf("internalStats of %s: %w", topic, err)
 		}
 		lacLedger, lacEntry := int64(-1), int64(-1)
 		if l, e, ok := strings.Cut(st.LastConfirmedEntry, ":"); ok {

@@ -506,14 +506,13 @@ func procCPU(pid int) time.Duration {
 
 // entries returns the number of entries the broker has written for topic.
 func entries(topic string) int64 {
-	path := "/admin/v2/persistent/" + strings.TrimPrefix(topic, "persistent://") + "/internalStats"
-	var st struct {
-		NumberOfEntries int64 `json:"numberOfEntries"`
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n, err := harness.Attach(*brokerURL, *adminURL, "").EntryCount(ctx, topic)
+	if err != nil {
+		fail(err)
 	}
-	if err := admin(http.MethodGet, path, &st); err != nil {
-		fail(fmt.Errorf("internalStats of %s: %w", topic, err))
-	}
-	return st.NumberOfEntries
+	return n
 }
 
 func admin(method, path string, out any) error {
