@@ -317,9 +317,31 @@ func (b *Broker) Stop() error {
 	if b.instance == "" {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	return b.runScript("stop", 2*time.Minute)
+}
+
+// Kill9 crashes a broker that StartBroker started: SIGKILL, its data left as the crash left it.
+// Recover starts it again.
+func (b *Broker) Kill9() error {
+	if b.instance == "" {
+		return errors.New("harness: Kill9 needs a broker StartBroker started")
+	}
+	return b.runScript("kill", time.Minute)
+}
+
+// Recover starts a broker Kill9 crashed on the same ports and data, and returns once it is ready.
+func (b *Broker) Recover() error {
+	if b.instance == "" {
+		return errors.New("harness: Recover needs a broker StartBroker started")
+	}
+	return b.runScript("recover", 5*time.Minute)
+}
+
+// runScript runs pulsar.sh's command on this broker's instance, bounded by timeout.
+func (b *Broker) runScript(command string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, script(), "stop")
+	cmd := exec.CommandContext(ctx, script(), command)
 	cmd.Env = b.env
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	return cmd.Run()

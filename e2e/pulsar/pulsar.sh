@@ -4,6 +4,9 @@
 #   e2e/pulsar/pulsar.sh fetch            download (once) and unpack the server distribution
 #   e2e/pulsar/pulsar.sh start            fetch if needed, start a fresh broker, wait until ready
 #   e2e/pulsar/pulsar.sh stop             stop the broker by pid and wipe its data
+#   e2e/pulsar/pulsar.sh kill             crash the broker (SIGKILL), keeping its data
+#   e2e/pulsar/pulsar.sh recover          start a killed broker again on the same ports, with its
+#                                         data (the same settings must be in the environment)
 #   e2e/pulsar/pulsar.sh status           say whether the broker answers
 #   e2e/pulsar/pulsar.sh env              print the broker's URLs as shell assignments
 #   e2e/pulsar/pulsar.sh token SUBJECT    print an HS256 token for SUBJECT (auth=token instances)
@@ -170,7 +173,8 @@ webSocketServiceEnabled=false
 exposingBrokerEntryMetadataToClientEnabled=false
 EOF
   if [ "$PULSAR_AUTH" = token ] || [ "$PULSAR_AUTH" = tls ]; then
-    head -c 32 /dev/urandom >"$run/secret.key"
+    # A recovering broker keeps its key, so tokens minted before the crash stay valid.
+    [ -f "$run/secret.key" ] || head -c 32 /dev/urandom >"$run/secret.key"
     local admin; admin=$(mint_token admin)
     echo "$admin" >"$run/admin.token"
     local providers=org.apache.pulsar.broker.authentication.AuthenticationProviderToken
@@ -219,11 +223,17 @@ free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
+# cmd_start starts a broker: a fresh one from empty state, or with "recover" one that was killed,
+# on its data.
 cmd_start() {
+  local mode=${1:-fresh}
   need curl "install curl; readiness is probed over HTTP"
   local java; java=$(java_bin)
   if [ -z "$java" ] || [ ! -x "$java" ]; then die "missing prerequisite: java (JDK 17+) is not on PATH and JAVA_HOME is unset"; fi
-  if running_pid >/dev/null; then
+  if [ "$mode" = recover ]; then
+    if running_pid >/dev/null; then die "instance '$PULSAR_INSTANCE' is running; recover follows a kill"; fi
+    [ -d "$run/data" ] || die "instance '$PULSAR_INSTANCE' has no data to recover ($run/data)"
+  elif running_pid >/dev/null; then
     if is_ready; then log "instance '$PULSAR_INSTANCE' already running and ready on $web"; return 0; fi
     cmd_stop
   fi
@@ -237,7 +247,10 @@ cmd_start() {
   done
   cmd_fetch
   # A fresh start always begins from empty state: RocksDB metadata survives --wipe-data.
-  rm -rf "$run"; mkdir -p "$run/data" "$run/logs"
+  if [ "$mode" = fresh ]; then rm -rf "$run"; fi
+  mkdir -p "$run/data" "$run/logs"
+  # The crashed run's log is kept beside the new one.
+  if [ "$mode" = recover ] && [ -f "$run/logs/standalone.out" ]; then mv "$run/logs/standalone.out" "$run/logs/standalone.out.killed"; fi
   local conf; conf=$(write_conf)
   local t0; t0=$(date +%s%N)
   (
@@ -299,6 +312,20 @@ cmd_stop() {
   rm -rf "$run/data" "$run/pulsar.pid"
 }
 
+# cmd_kill crashes the broker: SIGKILL, no shutdown, the data left as the crash left it.
+cmd_kill() {
+  local pid
+  pid=$(running_pid) || die "instance '$PULSAR_INSTANCE' is not running"
+  kill -KILL "$pid" 2>/dev/null || true
+  local deadline=$((SECONDS + 30))
+  while kill -0 "$pid" 2>/dev/null; do
+    [ $SECONDS -lt $deadline ] || die "broker pid $pid still alive 30 s after SIGKILL"
+    sleep 0.1
+  done
+  rm -f "$run/pulsar.pid"
+  log "killed instance '$PULSAR_INSTANCE' (pid $pid, SIGKILL); its data is kept for recover"
+}
+
 cmd_status() {
   if running_pid >/dev/null && is_ready; then echo "ready: $web"; else echo "not ready: $web"; return 1; fi
 }
@@ -318,8 +345,10 @@ case "${1:-}" in
   fetch) cmd_fetch ;;
   start) cmd_start ;;
   stop) cmd_stop ;;
+  kill) cmd_kill ;;
+  recover) cmd_start recover ;;
   status) cmd_status ;;
   env) cmd_env ;;
   token) [ -n "${2:-}" ] || die "usage: pulsar.sh token SUBJECT"; [ -f "$run/secret.key" ] || die "instance '$PULSAR_INSTANCE' has no secret key (start it with PULSAR_AUTH=token)"; mint_token "$2" ;;
-  *) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 2 ;;
 esac

@@ -99,7 +99,7 @@ func TestKill9ProxyMidStreamStoresEveryMessageOnce(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			r := runCrashCase(t, b, tc)
+			r := runCrashCase(t, b, tc, proxyCrash{b})
 			mu.Lock()
 			results = append(results, r)
 			mu.Unlock()
@@ -127,7 +127,56 @@ func crashRule(ns, policy, regions string) string {
 	return rule
 }
 
-func runCrashCase(t *testing.T, b *harness.Broker, tc crashCase) crashResult {
+// crashFault is how a crash case's path is broken mid-stream. The case sends with a pause of
+// gap after every tenth message and holds its last 40% back until the fault has landed.
+// Which goroutine: the case's test goroutine calls every method.
+type crashFault interface {
+	// begin is called once the case is set up, before its first send.
+	begin(t *testing.T)
+	// gap is the pause after every tenth send (0: none).
+	gap() time.Duration
+	// at is how many acknowledged messages of n trigger inject.
+	at(n int) int64
+	// inject breaks the path (pp is nil for a direct case) and returns once it is broken.
+	inject(t *testing.T, pp *harness.ProcessProxy, topic string)
+	// mend restores the path, after the held-back sends have been handed to the client.
+	mend(t *testing.T, pp *harness.ProcessProxy)
+}
+
+// proxyCrash is TestKill9ProxyMidStreamStoresEveryMessageOnce's fault: the case's own proxy is
+// killed with SIGKILL once 30% are acknowledged and started again on its port a second later;
+// a direct case has its topic unloaded instead.
+type proxyCrash struct{ b *harness.Broker }
+
+func (proxyCrash) begin(*testing.T)   {}
+func (proxyCrash) gap() time.Duration { return 0 }
+func (proxyCrash) at(n int) int64     { return int64(n * 3 / 10) }
+
+func (f proxyCrash) inject(t *testing.T, pp *harness.ProcessProxy, topic string) {
+	if pp != nil {
+		pp.Kill9()
+		return
+	}
+	if err := f.b.UnloadTopic(ctxT(t, 30*time.Second), topic); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (proxyCrash) mend(t *testing.T, pp *harness.ProcessProxy) {
+	if pp == nil {
+		return
+	}
+	time.Sleep(time.Second)
+	start := time.Now()
+	if fails := pp.StartRetrying(90 * time.Second); fails > 0 {
+		// The restart-on-the-same-port bug has its own test
+		// (TestProxyRestartsOnSamePortAfterKill9); here it only lengthens the outage.
+		t.Logf("restart: %d attempts failed with \"address already in use\"; outage %.1f s instead of 1 s",
+			fails, time.Since(start).Seconds()+1)
+	}
+}
+
+func runCrashCase(t *testing.T, b *harness.Broker, tc crashCase, fault crashFault) crashResult {
 	const n = 5000
 	res := crashResult{name: tc.name, lastSeqAfter: -2}
 	region := crashRegion
@@ -183,6 +232,8 @@ func runCrashCase(t *testing.T, b *harness.Broker, tc crashCase) crashResult {
 	// lands mid-stream however fast the broker acknowledges (an unload's HTTP call can take
 	// longer than sending everything).
 	faulted := make(chan struct{})
+	fault.begin(t)
+	gap := fault.gap()
 	wg.Add(n)
 	go func() {
 		for i := 0; i < n; i++ {
@@ -191,6 +242,9 @@ func runCrashCase(t *testing.T, b *harness.Broker, tc crashCase) crashResult {
 				case <-faulted:
 				case <-sendCtx.Done():
 				}
+			}
+			if gap > 0 && i%10 == 9 {
+				time.Sleep(gap)
 			}
 			msg := &pulsar.ProducerMessage{Payload: []byte("m-" + strconv.Itoa(i)), Key: "k" + strconv.Itoa(i%16),
 				Properties: map[string]string{"i": strconv.Itoa(i), "region": region(i)}}
@@ -207,8 +261,8 @@ func runCrashCase(t *testing.T, b *harness.Broker, tc crashCase) crashResult {
 		}
 	}()
 
-	// The fault: once 30% are acknowledged, with up to MaxPendingMessages in flight.
-	for acked.Load() < n*3/10 {
+	// The fault, with up to MaxPendingMessages in flight.
+	for acked.Load() < fault.at(n) {
 		if failed.Load() > 0 {
 			t.Fatalf("send failed before the fault: %v", firstErr.Load())
 		}
@@ -217,28 +271,13 @@ func runCrashCase(t *testing.T, b *harness.Broker, tc crashCase) crashResult {
 		}
 		time.Sleep(200 * time.Microsecond)
 	}
-	if pp != nil {
-		pp.Kill9()
-	} else {
-		if err := b.UnloadTopic(ctxT(t, 30*time.Second), topic); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fault.inject(t, pp, topic)
 	res.ackedAtFault, res.sentAtFault = acked.Load(), sent.Load()
 	close(faulted)
 	if res.ackedAtFault >= n {
 		t.Fatalf("every message was acknowledged before the fault: the crash did not land mid-stream")
 	}
-	if pp != nil {
-		time.Sleep(time.Second)
-		start := time.Now()
-		if fails := pp.StartRetrying(90 * time.Second); fails > 0 {
-			// The restart-on-the-same-port bug has its own test
-			// (TestProxyRestartsOnSamePortAfterKill9); here it only lengthens the outage.
-			t.Logf("restart: %d attempts failed with \"address already in use\"; outage %.1f s instead of 1 s",
-				fails, time.Since(start).Seconds()+1)
-		}
-	}
+	fault.mend(t, pp)
 
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
