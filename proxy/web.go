@@ -38,14 +38,20 @@ import (
 // replay on redirects). Pulsar's admin bodies are small JSON documents.
 const webBodyLimit = 10 << 20
 
-// webBodiesBudget is how many bytes of request bodies the web port may hold at once: a quarter
-// of the memory budget, and at least one body of webBodyLimit (contract 7); no bound without a
-// budget. A request whose body would not fit is answered 503 with Retry-After.
-func webBodiesBudget(memoryBudget int) int64 {
+// webRequestCost is what a request in flight holds besides its body, counted against
+// webHeldBudget so that bodiless requests are bounded in number too: its goroutine, net/http's
+// read and write buffers, the reverse proxy's copy buffer, headers.
+const webRequestCost = 64 << 10
+
+// webHeldBudget is how many bytes the web port's requests in flight may hold at once, their
+// bodies and webRequestCost each: a quarter of the memory budget, and at least one request
+// with a body of webBodyLimit (contract 7); no bound without a budget. A request that would
+// not fit is answered 503 with Retry-After.
+func webHeldBudget(memoryBudget int) int64 {
 	if memoryBudget <= 0 {
 		return math.MaxInt64
 	}
-	return max(webBodyLimit, int64(memoryBudget)/4)
+	return max(webBodyLimit+webRequestCost, int64(memoryBudget)/4)
 }
 
 // webPrefixes are the paths forwarded to brokers.
@@ -62,23 +68,20 @@ type webProxy struct {
 	// credential towards the brokers is its certificate.
 	roleClient *http.Client
 	rp         *httputil.ReverseProxy
-	// bodies is the request body bytes reserved by requests in flight (webBodiesBudget).
-	bodies atomic.Int64
+	// held is the bytes reserved by requests in flight (webHeldBudget).
+	held atomic.Int64
 }
 
-// reserve takes n bytes of the bodies budget, or reports false when they do not fit. Any
+// reserve takes n bytes of the web port's budget, or reports false when they do not fit. Any
 // goroutine may call it.
 func (w *webProxy) reserve(n int64) bool {
-	if n == 0 {
-		return true
-	}
-	limit := webBodiesBudget(w.srv.cfg.MemoryBudget)
+	limit := webHeldBudget(w.srv.cfg.MemoryBudget)
 	for {
-		cur := w.bodies.Load()
+		cur := w.held.Load()
 		if cur+n > limit {
 			return false
 		}
-		if w.bodies.CompareAndSwap(cur, cur+n) {
+		if w.held.CompareAndSwap(cur, cur+n) {
 			return true
 		}
 	}
@@ -279,20 +282,22 @@ func (w *webProxy) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// The body is held whole (it is replayed on redirects): its bytes are reserved first, the
-	// announced length or, for a body of unknown length, the most it may be.
-	need := r.ContentLength
-	if need < 0 {
-		need = webBodyLimit
+	// announced length or, for a body of unknown length, the most it may be, with what the
+	// request holds besides.
+	body := r.ContentLength
+	if body < 0 {
+		body = webBodyLimit
 	}
+	need := body + webRequestCost
 	if !w.reserve(need) {
 		w.srv.m.web[webRefused].Add(1)
-		w.srv.log.Warn("web request refused: request bodies in flight fill the web port's share of the memory budget",
-			"method", r.Method, "path", r.URL.Path, "client", r.RemoteAddr, "body_bytes", need)
+		w.srv.log.Warn("web request refused: requests in flight fill the web port's share of the memory budget",
+			"method", r.Method, "path", r.URL.Path, "client", r.RemoteAddr, "body_bytes", body)
 		rw.Header().Set("Retry-After", "1")
-		http.Error(rw, "proxy: too many request bodies in flight; retry", http.StatusServiceUnavailable)
+		http.Error(rw, "proxy: too many requests in flight; retry", http.StatusServiceUnavailable)
 		return
 	}
-	defer w.bodies.Add(-need)
+	defer w.held.Add(-need)
 	r.Body = http.MaxBytesReader(rw, r.Body, webBodyLimit)
 	w.srv.m.web[webForwarded].Add(1)
 	w.rp.ServeHTTP(rw, r)

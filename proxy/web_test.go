@@ -212,7 +212,7 @@ func TestWebPortRefusesAnOversizedChunkedBodyWith413(t *testing.T) {
 }
 
 // Contract 7 on the web port: given a proxy whose memory budget leaves room for 10 MiB of
-// request bodies, and a broker that holds a first 6 MiB upload,
+// request bodies (and what the requests hold besides), and a broker that holds a first 6 MiB upload,
 // when a second 6 MiB upload arrives meanwhile,
 // then it is answered 503 with Retry-After instead of being read into memory, and once the
 // first is answered the next one goes through.
@@ -267,5 +267,74 @@ func TestWebPortBoundsTheRequestBodiesItHolds(t *testing.T) {
 	}
 	if c, _ := get(t, http.MethodPost, web, body); c != http.StatusOK {
 		t.Fatalf("an upload after the first was answered got %d", c)
+	}
+}
+
+// Contract 7 on the web port, requests without a body: given a proxy whose memory budget leaves
+// room for one 10 MiB request, a broker that holds a first 6 MiB upload, and then as many
+// bodiless admin requests as the rest has room for (webRequestCost each), all held too,
+// when one more bodiless request arrives,
+// then it is answered 503 with Retry-After, and once the held ones are answered the next one
+// goes through.
+func TestWebPortBoundsTheRequestsItHolds(t *testing.T) {
+	arrived, hold := make(chan struct{}, 256), make(chan struct{})
+	a := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.URL.Query().Get("hold") != "" {
+			arrived <- struct{}{}
+			<-hold
+		}
+		io.WriteString(w, "ok")
+	}))
+	defer a.Close()
+	fb := newFakeBroker(t)
+	const budget = 4 << 20
+	srv, _, _ := startProxy(t, []string{fb.addr()}, func(c *Config) {
+		c.WebListen, c.BrokerWebURLs, c.MemoryBudget = "127.0.0.1:0", []string{a.URL}, budget
+	})
+	web := "http://" + srv.WebAddrs()[0] + "/admin/v2/tenants"
+	const upload = 6 << 20
+	room := int((webHeldBudget(budget) - upload - webRequestCost) / webRequestCost)
+	tr := &http.Transport{MaxIdleConnsPerHost: room + 2}
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Transport: tr, Timeout: time.Minute}
+	answers := make(chan int, room+1)
+	send := func(method string, body string) {
+		req, _ := http.NewRequest(method, web+"?hold=1", strings.NewReader(body))
+		resp, err := hc.Do(req)
+		if err != nil {
+			answers <- 0
+			return
+		}
+		resp.Body.Close()
+		answers <- resp.StatusCode
+	}
+	go send(http.MethodPost, strings.Repeat("x", upload))
+	for i := 0; i <= room; i++ {
+		if i > 0 {
+			go send(http.MethodGet, "")
+		}
+		select {
+		case <-arrived:
+		case c := <-answers:
+			t.Fatalf("request %d of %d was answered %d before the broker held it", i, room, c)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("request %d of %d never reached the broker", i, room)
+		}
+	}
+
+	c, _ := get(t, http.MethodGet, web, "")
+
+	close(hold)
+	if c != http.StatusServiceUnavailable {
+		t.Fatalf("a bodiless request beyond the %d held got %d, want 503", room, c)
+	}
+	for i := 0; i <= room; i++ {
+		if c := <-answers; c != http.StatusOK {
+			t.Fatalf("a held request got %d", c)
+		}
+	}
+	if c, _ := get(t, http.MethodGet, web, ""); c != http.StatusOK {
+		t.Fatalf("a request after the held ones were answered got %d", c)
 	}
 }
