@@ -59,9 +59,7 @@ func TestKill9BrokerMidStreamStoresEveryMessageOnce(t *testing.T) {
 				mu.Lock()
 				results = append(results, r)
 				mu.Unlock()
-				if r.sendErrors > 0 || r.duplicates > 0 || r.missing > 0 || r.wrongSeq > 0 || r.mixedEntries > 0 {
-					t.Errorf("not exactly once: %s\n%s", crashHeader, r)
-				}
+				r.check(t)
 			})
 		}()
 	}

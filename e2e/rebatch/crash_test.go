@@ -51,6 +51,14 @@ func (r crashResult) String() string {
 		r.duplicates, r.missing, r.wrongSeq, r.mixedEntries, r.sendErrors, r.ackedAtFault, r.sentAtFault, last)
 }
 
+// check fails t unless every send succeeded and every message was stored exactly once, with its
+// own sequence id, and under properties in entries of one group.
+func (r crashResult) check(t *testing.T) {
+	if r.sendErrors > 0 || r.duplicates > 0 || r.missing > 0 || r.wrongSeq > 0 || r.mixedEntries > 0 {
+		t.Errorf("not exactly once: %s\n%s", crashHeader, r)
+	}
+}
+
 const crashHeader = "case                        entries   stored distinct   dups missing  badseq  mixed  errors  acked/sent@fault  last_seq_after"
 
 // crashRegion gives message i a region in runs of 37, so the properties policy has groups to
@@ -103,9 +111,7 @@ func TestKill9ProxyMidStreamStoresEveryMessageOnce(t *testing.T) {
 			mu.Lock()
 			results = append(results, r)
 			mu.Unlock()
-			if r.sendErrors > 0 || r.duplicates > 0 || r.missing > 0 || r.wrongSeq > 0 || r.mixedEntries > 0 {
-				t.Errorf("not exactly once: %s\n%s", crashHeader, r)
-			}
+			r.check(t)
 		})
 	}
 }
