@@ -28,31 +28,38 @@ import (
 // the proxy follows redirects to brokers it knows itself (their web hosts:
 // the configured ones and the hosts of brokers learned from lookups), so the
 // client only ever talks to the proxy. Other paths are refused (404); so is
-// a redirect anywhere else (502). Request bodies are bounded by
-// webBodyLimit; each request, redirects included, by Config.WebTimeout.
+// a redirect anywhere else (502). A request body of up to webReplayLimit is
+// held, to be sent again when a broker redirects; a larger one (a function's
+// or a package's upload) is streamed to one broker and not held, and a
+// redirect of it is answered 502. Each request, redirects included, is bounded
+// by Config.WebTimeout.
 // HTTP lookup answers are forwarded unchanged, naming the brokers' own
 // binary addresses, unless the proxy has ports per broker
 // (Config.BrokerPortsListen): then they name those (broker_ports.go).
 
-// webBodyLimit bounds a request body the web port forwards (it is kept to
-// replay on redirects). Pulsar's admin bodies are small JSON documents.
-const webBodyLimit = 10 << 20
+// webReplayLimit is the largest request body the web port holds to send again after a
+// redirect. Pulsar's admin bodies are small JSON documents; uploads are larger.
+const webReplayLimit = 10 << 20
 
 // webRequestCost is what a request in flight holds besides its body, counted against
 // webHeldBudget so that bodiless requests are bounded in number too: its goroutine, net/http's
 // read and write buffers, the reverse proxy's copy buffer, headers.
 const webRequestCost = 64 << 10
 
-// webHeldBudget is how many bytes the web port's requests in flight may hold at once, their
-// bodies and webRequestCost each: a quarter of the memory budget, and at least one request
-// with a body of webBodyLimit (contract 7); no bound without a budget. A request that would
-// not fit is answered 503 with Retry-After.
+// webHeldBudget is how many bytes the web port's requests in flight may hold at once, the
+// bodies they hold and webRequestCost each: a quarter of the memory budget, and at least one
+// request holding a body of webReplayLimit (contract 7); no bound without a budget. A request
+// that would not fit is answered 503 with Retry-After.
 func webHeldBudget(memoryBudget int) int64 {
 	if memoryBudget <= 0 {
 		return math.MaxInt64
 	}
-	return max(webBodyLimit+webRequestCost, int64(memoryBudget)/4)
+	return max(webReplayLimit+1+webRequestCost, int64(memoryBudget)/4) // holdBody reads one byte over
 }
+
+// errStreamedRedirect means a broker redirected a request whose body the proxy streamed (over
+// webReplayLimit) and so cannot send again.
+var errStreamedRedirect = errors.New("the broker redirected a request whose body is over the size the proxy keeps to send again")
 
 // webPrefixes are the paths forwarded to brokers.
 var webPrefixes = []string{"/admin/", "/lookup/"}
@@ -157,29 +164,17 @@ func (w *webProxy) knownHost(u *url.URL) bool {
 // roundTrip sends r to the next broker (the next again if one cannot be
 // reached), following redirects to known brokers.
 func (w *webProxy) roundTrip(r *http.Request) (*http.Response, error) {
-	var body []byte
-	if r.Body != nil {
-		b, err := io.ReadAll(r.Body)
-		if err != nil {
-			return nil, err // over webBodyLimit (a body without a length): fail answers 413
-		}
-		body = b
+	body, stream, err := holdBody(r)
+	if err != nil {
+		return nil, err
 	}
 	start := w.rr.Add(1)
+	if stream != nil {
+		return w.roundTripStreamed(r, w.targets[int(start)%len(w.targets)], stream)
+	}
 	var lastErr error
 	for i := range w.targets {
-		t := w.targets[(int(start)+i)%len(w.targets)]
-		out := r.Clone(r.Context())
-		out.URL.Scheme, out.URL.Host, out.Host = t.Scheme, t.Host, ""
-		out.RequestURI = ""
-		if w.rewritesLookups(r) {
-			// The answer is rewritten: let the transport ask for and undo
-			// any compression itself, so the body arrives as plain JSON.
-			out.Header.Del("Accept-Encoding")
-		}
-		// The body is in hand: net/http already told the client to go on, and the broker's
-		// own 100 Continue would reach it as a second one.
-		out.Header.Del("Expect")
+		out := w.outgoing(r, w.targets[(int(start)+i)%len(w.targets)])
 		if body != nil {
 			out.Body = io.NopCloser(bytes.NewReader(body))
 			out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
@@ -197,6 +192,60 @@ func (w *webProxy) roundTrip(r *http.Request) (*http.Response, error) {
 		}
 	}
 	return nil, lastErr
+}
+
+// roundTripStreamed sends r, whose body is over webReplayLimit, to broker t with its body
+// streamed: it is not held, so it is sent once, to one broker (whose redirect is answered 502).
+func (w *webProxy) roundTripStreamed(r *http.Request, t *url.URL, stream io.Reader) (*http.Response, error) {
+	out := w.outgoing(r, t)
+	out.Body, out.GetBody = io.NopCloser(stream), nil
+	resp, err := w.clientFor(r).Do(out)
+	if err != nil {
+		return nil, err
+	}
+	// Without GetBody net/http does not follow a 307 or 308 (they resend the body) and
+	// returns it; the client must not be sent to the broker it names (contract 6).
+	if resp.StatusCode == http.StatusTemporaryRedirect || resp.StatusCode == http.StatusPermanentRedirect {
+		resp.Body.Close()
+		return nil, fmt.Errorf("%w (%d bytes); send it to the broker that owns the resource", errStreamedRedirect, webReplayLimit)
+	}
+	return resp, nil
+}
+
+// outgoing is r as sent to broker t, without its body.
+func (w *webProxy) outgoing(r *http.Request, t *url.URL) *http.Request {
+	out := r.Clone(r.Context())
+	out.URL.Scheme, out.URL.Host, out.Host = t.Scheme, t.Host, ""
+	out.RequestURI = ""
+	if w.rewritesLookups(r) {
+		// The answer is rewritten: let the transport ask for and undo
+		// any compression itself, so the body arrives as plain JSON.
+		out.Header.Del("Accept-Encoding")
+	}
+	// The body is in hand or on its way: net/http already told the client to go on, and the
+	// broker's own 100 Continue would reach it as a second one.
+	out.Header.Del("Expect")
+	return out
+}
+
+// holdBody reads r's body whole when it is at most webReplayLimit bytes (held, to be sent again
+// after a redirect); a larger one, announced or found so, is returned as stream, what was read
+// of it first followed by the rest. Both are nil for a request without a body.
+func holdBody(r *http.Request) (held []byte, stream io.Reader, err error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil, nil
+	}
+	if r.ContentLength > webReplayLimit {
+		return nil, r.Body, nil
+	}
+	b, err := io.ReadAll(io.LimitReader(r.Body, webReplayLimit+1))
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(b) <= webReplayLimit {
+		return b, nil, nil
+	}
+	return nil, io.MultiReader(bytes.NewReader(b), r.Body), nil
 }
 
 // unreachable reports whether err means the request never reached a broker (the connection
@@ -239,19 +288,9 @@ func (w *webProxy) rewriteLookupAnswer(resp *http.Response) error {
 }
 
 func (w *webProxy) fail(rw http.ResponseWriter, r *http.Request, err error) {
-	if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
-		w.refuseTooLarge(rw)
-		return
-	}
 	w.srv.m.web[webBrokerError].Add(1)
 	w.srv.log.Warn("web request not forwarded", "method", r.Method, "path", r.URL.Path, "client", r.RemoteAddr, "reason", err.Error())
 	http.Error(rw, "proxy: "+err.Error(), http.StatusBadGateway)
-}
-
-// refuseTooLarge answers a request whose body is over webBodyLimit, announced or found so.
-func (w *webProxy) refuseTooLarge(rw http.ResponseWriter) {
-	w.srv.m.web[webRefused].Add(1)
-	http.Error(rw, fmt.Sprintf("proxy: request body over %d bytes", webBodyLimit), http.StatusRequestEntityTooLarge)
 }
 
 // ServeHTTP implements http.Handler.
@@ -273,20 +312,19 @@ func (w *webProxy) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		http.Error(rw, "proxy: a path with . or .. segments or empty ones is not forwarded", http.StatusBadRequest)
 		return
 	}
-	if r.ContentLength > webBodyLimit {
-		w.refuseTooLarge(rw)
-		return
-	}
 	r, ok = w.authorize(rw, r)
 	if !ok {
 		return
 	}
-	// The body is held whole (it is replayed on redirects): its bytes are reserved first, the
-	// announced length or, for a body of unknown length, the most it may be, with what the
-	// request holds besides.
+	// A body that may be held (holdBody) has its bytes reserved first: the announced length or,
+	// for a body of unknown length, the most that is held; a larger one is streamed. Then what
+	// the request holds besides.
 	body := r.ContentLength
-	if body < 0 {
-		body = webBodyLimit
+	switch {
+	case body > webReplayLimit:
+		body = 0
+	case body < 0:
+		body = webReplayLimit + 1
 	}
 	need := body + webRequestCost
 	if !w.reserve(need) {
@@ -298,7 +336,6 @@ func (w *webProxy) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer w.held.Add(-need)
-	r.Body = http.MaxBytesReader(rw, r.Body, webBodyLimit)
 	w.srv.m.web[webForwarded].Add(1)
 	w.rp.ServeHTTP(rw, r)
 }

@@ -1,6 +1,9 @@
 package proxy
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -189,26 +192,81 @@ func TestWebPortDoesNotResendARequestABrokerMayHaveTaken(t *testing.T) {
 	t.Fatal("no request went to A first")
 }
 
-// Given a web port,
-// when a client POSTs a body over the limit without announcing its length (chunked),
-// then it gets 413, as for an announced one, not 502.
-func TestWebPortRefusesAnOversizedChunkedBodyWith413(t *testing.T) {
-	a := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+// Given a web port in front of a broker that reads every upload whole,
+// when a client uploads bodies over the size the proxy holds to resend (webReplayLimit), with
+// their length announced or chunked,
+// then each reaches the broker whole, byte for byte, and the client gets the broker's answer.
+func TestWebPortStreamsABodyOverTheReplayLimit(t *testing.T) {
+	a := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := sha256.New()
+		n, _ := io.Copy(h, r.Body)
+		fmt.Fprintf(w, "%d %x", n, h.Sum(nil))
+	}))
 	defer a.Close()
 	_, web := startWebProxy(t, a.URL)
-	body := io.MultiReader(strings.NewReader(strings.Repeat("x", webBodyLimit)), strings.NewReader("and more"))
-	req, _ := http.NewRequest(http.MethodPost, web+"/admin/v3/packages/function/t/n/p@v1", body)
-	req.ContentLength = -1
+	payload := bytes.Repeat([]byte("0123456789abcdef"), (3*webReplayLimit)/16+1)
+	sum := sha256.Sum256(payload)
+	want := fmt.Sprintf("%d %x", len(payload), sum)
+	for _, chunked := range []bool{false, true} {
+		req, _ := http.NewRequest(http.MethodPost, web+"/admin/v3/packages/function/t/n/p@v1", bytes.NewReader(payload))
+		if chunked {
+			req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(payload)), -1
+		}
 
-	resp, err := http.DefaultClient.Do(req)
+		resp, err := http.DefaultClient.Do(req)
 
-	if err != nil {
-		t.Fatal(err)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || string(got) != want {
+			t.Fatalf("chunked %v: status %d, the broker read %q; want 200 and %q", chunked, resp.StatusCode, got, want)
+		}
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusRequestEntityTooLarge {
-		t.Fatalf("status %d, want 413", resp.StatusCode)
+}
+
+// Given a web port in front of broker A, which redirects every request to broker B, a broker
+// the proxy knows,
+// when a client uploads a body over the size the proxy holds to resend,
+// then it gets 502 saying why, B never sees it, and the client is not sent to B either; a small
+// body is still followed to B.
+func TestWebPortAnswers502WhenABrokerRedirectsAStreamedBody(t *testing.T) {
+	var bGot atomic.Int32
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		bGot.Add(1)
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "from B")
+	}))
+	defer b.Close()
+	a := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		http.Redirect(w, r, b.URL+r.URL.Path, http.StatusTemporaryRedirect)
+	}))
+	defer a.Close()
+	fb := newFakeBroker(t)
+	srv, _, _ := startProxy(t, []string{fb.addr()}, func(c *Config) {
+		c.WebListen, c.BrokerWebURLs = "127.0.0.1:0", []string{a.URL, b.URL}
+	})
+	web := "http://" + srv.WebAddrs()[0] + "/admin/v3/packages/function/t/n/p@v1"
+	// Round robin starts at A or B; A is the first broker of every other request.
+	for i := 0; i < 2; i++ {
+		bGot.Store(0)
+
+		code, body := get(t, http.MethodPost, web, strings.Repeat("x", webReplayLimit+1))
+
+		if bGot.Load() == 1 && code == http.StatusOK {
+			continue // this one went to B first
+		}
+		if code != http.StatusBadGateway || !strings.Contains(body, "redirected") || bGot.Load() != 0 {
+			t.Fatalf("status %d %q, B reached %d times; want 502 naming the redirect and B not reached", code, body, bGot.Load())
+		}
+		if code, body := get(t, http.MethodPost, web+"?small", "{}"); code != http.StatusOK || body != "from B" {
+			t.Fatalf("a small body: %d %q, want B's answer", code, body)
+		}
+		return
 	}
+	t.Fatal("no upload went to A first")
 }
 
 // Contract 7 on the web port: given a proxy whose memory budget leaves room for 10 MiB of
