@@ -1,9 +1,12 @@
 package proxy_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -78,5 +81,61 @@ func TestPulsarAdminThroughTheWebPort(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Given a private broker with package management on (file-system storage) and the proxy's web
+// port in front of its web service,
+// when bin/pulsar-admin, pointed at the web port, uploads a 24 MiB package (over the 10 MiB the
+// proxy holds to resend, so it is streamed) and downloads it again,
+// then both succeed and the download is the upload, byte for byte.
+func TestPulsarAdminUploadsALargePackageThroughTheWebPort(t *testing.T) {
+	home, err := harness.PulsarHome(ctxT(t, 5*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	b, err := harness.StartBroker(harness.Options{ExtraConf: "enablePackagesManagement=true\n" +
+		"packagesManagementStorageProvider=org.apache.pulsar.packages.management.storage.filesystem.FileSystemPackagesStorageProvider\n" +
+		"STORAGE_PATH=" + filepath.Join(dir, "packages")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Stop() })
+	px, err := harness.StartProxy(b.ServiceURL, func(c *proxy.Config) {
+		c.WebListen, c.BrokerWebURLs = "127.0.0.1:0", []string{b.AdminURL}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(px.Stop)
+	upload := make([]byte, 24<<20)
+	if _, err := rand.Read(upload); err != nil {
+		t.Fatal(err)
+	}
+	in, out := filepath.Join(dir, "in.jar"), filepath.Join(dir, "out.jar")
+	if err := os.WriteFile(in, upload, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	admin := func(args ...string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		args = append([]string{"--admin-url", "http://" + px.Server.WebAddrs()[0]}, args...)
+		if out, err := exec.CommandContext(ctx, filepath.Join(home, "bin", "pulsar-admin"), args...).CombinedOutput(); err != nil {
+			t.Fatalf("pulsar-admin %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	pkg := "function://public/default/big@v1"
+
+	admin("packages", "upload", pkg, "--path", in, "--description", "24 MiB through the web port")
+
+	admin("packages", "download", pkg, "--path", out)
+	got, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, upload) {
+		t.Fatalf("the download is %d bytes and not the upload (%d bytes)", len(got), len(upload))
 	}
 }
