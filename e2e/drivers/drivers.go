@@ -313,6 +313,7 @@ type ProduceSpec struct {
 	SeqStart         int64 // >= 0 with ExplicitSeq: message i gets sequence id SeqStart+i
 	ExplicitSeq      bool
 	SeqScramble      bool          // Java only: message i gets SeqStart + (i*7919 mod Count), ids out of order
+	Txn              string        // Java only: "commit" or "abort": messages Count/3..2*Count/3-1 in one transaction, ended so once every send completed (needs SendTimeout 0)
 	Timeout          time.Duration // whole run inside the driver; 0: 2 minutes
 }
 
@@ -393,6 +394,9 @@ func (s ProduceSpec) Args() []string {
 	}
 	if s.SeqScramble {
 		a = append(a, "--seq-scramble")
+	}
+	if s.Txn != "" {
+		a = append(a, "--txn", s.Txn)
 	}
 	a = append(a, "--timeout-ms", strconv.FormatInt(orDefault(s.Timeout, 2*time.Minute).Milliseconds(), 10))
 	return a
@@ -549,6 +553,7 @@ type Summary struct {
 	ProducerName string   `json:"producer_name"`
 	ElapsedMS    int64    `json:"elapsed_ms"`
 	Unobservable []string `json:"unobservable"`
+	Txn          string   `json:"txn"` // produce --txn: "committed", "aborted" or "failed"
 }
 
 // ProduceResult is what a produce run printed.

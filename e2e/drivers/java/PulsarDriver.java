@@ -38,6 +38,7 @@ import org.apache.pulsar.client.api.SubscriptionInitialPosition;
 import org.apache.pulsar.client.api.SubscriptionType;
 import org.apache.pulsar.client.api.TypedMessageBuilder;
 import org.apache.pulsar.client.api.schema.SchemaDefinition;
+import org.apache.pulsar.client.api.transaction.Transaction;
 import org.apache.pulsar.client.impl.BatchMessageIdImpl;
 import org.apache.pulsar.client.impl.MessageIdImpl;
 import org.apache.pulsar.client.impl.TopicMessageIdImpl;
@@ -311,6 +312,9 @@ public final class PulsarDriver {
         if (!token.isEmpty()) {
             b.authentication(AuthenticationFactory.token(token));
         }
+        if (!f.str("txn", "").isEmpty()) {
+            b.enableTransaction(true);
+        }
         String trust = f.str("tls-trust-certs", "");
         if (!trust.isEmpty()) {
             b.tlsTrustCertsFilePath(trust).enableTlsHostnameVerification(true).allowTlsInsecureConnection(false);
@@ -353,7 +357,7 @@ public final class PulsarDriver {
         Flags f = new Flags(args, 1, kinds("url", "topic", "count", "batching:bool", "batch-max-messages",
                 "batch-max-bytes", "batch-delay-ms", "batcher", "key-mode", "keys", "ordering-key:bool", "empty-key:bool",
                 "properties", "compression", "chunking:bool", "chunk-size", "size", "schema", "sync:bool",
-                "producer-name", "token", "tls-trust-certs", "tls-cert-file", "tls-key-file", "send-timeout-ms", "seq-start", "seq-scramble:bool", "timeout-ms"));
+                "producer-name", "token", "tls-trust-certs", "tls-cert-file", "tls-key-file", "send-timeout-ms", "seq-start", "seq-scramble:bool", "timeout-ms", "txn"));
         String topic = f.str("topic", "");
         if (topic.isEmpty()) {
             throw usage("--topic is required");
@@ -407,6 +411,12 @@ public final class PulsarDriver {
             throw usage("--seq-scramble needs --seq-start and a count not divisible by 7919");
         }
         long timeoutMs = f.num("timeout-ms", 120000);
+        // --txn commit|abort: messages count/3 .. 2*count/3-1 go in one transaction, committed or
+        // aborted once every send has completed (the producer needs --send-timeout-ms 0).
+        String txnEnd = f.str("txn", "");
+        if (!txnEnd.isEmpty() && !txnEnd.equals("commit") && !txnEnd.equals("abort")) {
+            throw usage("unknown --txn " + txnEnd + " (commit or abort)");
+        }
 
         // Build the producer configuration before connecting, so unsupported features are cheap to report.
         Map<String, Object> conf = new LinkedHashMap<>();
@@ -474,6 +484,21 @@ public final class PulsarDriver {
             return EXIT_FAILED;
         }
 
+        Transaction txn = null;
+        if (!txnEnd.isEmpty()) {
+            try {
+                txn = client.newTransaction().withTransactionTimeout(5, TimeUnit.MINUTES).build().get();
+            } catch (Exception e) {
+                summary.put("acked", 0);
+                summary.put("failed", count);
+                summary.put("error", "new transaction: " + rootMessage(e));
+                emit(summary);
+                producer.close();
+                client.close();
+                return EXIT_FAILED;
+            }
+        }
+
         Random rng = new Random();
         AtomicInteger acked = new AtomicInteger();
         AtomicInteger failed = new AtomicInteger();
@@ -481,7 +506,8 @@ public final class PulsarDriver {
         List<CompletableFuture<?>> pending = new ArrayList<>();
         long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(timeoutMs);
         for (int i = 0; i < count; i++) {
-            TypedMessageBuilder<Object> mb = producer.newMessage();
+            boolean inTxn = txn != null && i >= count / 3 && i < 2 * count / 3;
+            TypedMessageBuilder<Object> mb = inTxn ? producer.newMessage(txn) : producer.newMessage();
             String text = payloadText(i, size);
             if (schemaName.equals("bytes")) {
                 mb = mb.value(text.getBytes(StandardCharsets.UTF_8));
@@ -566,6 +592,21 @@ public final class PulsarDriver {
         if (firstErr[0] != null) {
             summary.put("error", firstErr[0]);
         }
+        boolean txnOK = true;
+        if (txn != null) {
+            try {
+                if (txnEnd.equals("commit")) {
+                    txn.commit().get(Math.max(1, deadline - System.nanoTime()), TimeUnit.NANOSECONDS);
+                } else {
+                    txn.abort().get(Math.max(1, deadline - System.nanoTime()), TimeUnit.NANOSECONDS);
+                }
+                summary.put("txn", txnEnd.equals("commit") ? "committed" : "aborted");
+            } catch (Exception e) {
+                txnOK = false;
+                summary.put("txn", "failed");
+                summary.put("error", "end transaction: " + rootMessage(e));
+            }
+        }
         summary.put("last_seq", producer.getLastSequenceId());
         summary.put("producer_name", producer.getProducerName());
         summary.put("elapsed_ms", TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - start));
@@ -575,7 +616,7 @@ public final class PulsarDriver {
             client.close();
         }
         emit(summary);
-        return acked.get() == count ? EXIT_OK : EXIT_FAILED;
+        return acked.get() == count && txnOK ? EXIT_OK : EXIT_FAILED;
     }
 
     // ---------------------------------------------------------------------------------------------
