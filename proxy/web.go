@@ -59,7 +59,7 @@ func webHeldBudget(memoryBudget int) int64 {
 
 // errStreamedRedirect means a broker redirected a request whose body the proxy streamed (over
 // webReplayLimit) and so cannot send again.
-var errStreamedRedirect = errors.New("the broker redirected a request whose body is over the size the proxy keeps to send again")
+var errStreamedRedirect = errors.New("a broker redirected a request whose body is over the size the proxy holds to send again after a redirect")
 
 // webPrefixes are the paths forwarded to brokers.
 var webPrefixes = []string{"/admin/", "/lookup/"}
@@ -135,6 +135,11 @@ func (w *webProxy) checkRedirect(req *http.Request, via []*http.Request) error {
 	if !w.knownHost(req.URL) {
 		return fmt.Errorf("%w: %s is not a known broker", errRedirectRefused, req.URL.Host)
 	}
+	if m := via[0].Method; m != http.MethodGet && m != http.MethodHead && req.Response != nil && req.Response.StatusCode < 307 {
+		// net/http follows a 301, 302 or 303 without the body (a POST as a GET): the client
+		// would get the answer to a request it did not make. Pulsar's brokers send 307.
+		return fmt.Errorf("%w: the broker's %d would send the %s again without its body", errRedirectRefused, req.Response.StatusCode, m)
+	}
 	keepAuthorization(req, via)
 	return nil
 }
@@ -204,10 +209,11 @@ func (w *webProxy) roundTripStreamed(r *http.Request, t *url.URL, stream io.Read
 		return nil, err
 	}
 	// Without GetBody net/http does not follow a 307 or 308 (they resend the body) and
-	// returns it; the client must not be sent to the broker it names (contract 6).
+	// returns it (checkRedirect refuses the others); the client must not be sent to the broker
+	// it names (contract 6).
 	if resp.StatusCode == http.StatusTemporaryRedirect || resp.StatusCode == http.StatusPermanentRedirect {
 		resp.Body.Close()
-		return nil, fmt.Errorf("%w (%d bytes); send it to the broker that owns the resource", errStreamedRedirect, webReplayLimit)
+		return nil, fmt.Errorf("%w (%d bytes)", errStreamedRedirect, webReplayLimit)
 	}
 	return resp, nil
 }
@@ -290,7 +296,26 @@ func (w *webProxy) rewriteLookupAnswer(resp *http.Response) error {
 func (w *webProxy) fail(rw http.ResponseWriter, r *http.Request, err error) {
 	w.srv.m.web[webBrokerError].Add(1)
 	w.srv.log.Warn("web request not forwarded", "method", r.Method, "path", r.URL.Path, "client", r.RemoteAddr, "reason", err.Error())
-	http.Error(rw, "proxy: "+err.Error(), http.StatusBadGateway)
+	http.Error(rw, "proxy: "+clientReason(err), http.StatusBadGateway)
+}
+
+// clientReason is what the client is told of err: the proxy's own reasons as they are, and of
+// a failed exchange with a broker (a *url.Error, which names the broker's address: that stays
+// in the log) only its kind.
+func clientReason(err error) string {
+	var ue *url.Error
+	switch {
+	case !errors.As(err, &ue):
+		return err.Error()
+	case errors.Is(err, errRedirectRefused):
+		return "a broker redirected the request in a way the proxy does not follow (to a host that is not a known broker, too many times, or without its body)"
+	case ue.Timeout():
+		return "no answer from a broker within the web timeout"
+	case unreachable(err):
+		return "no broker could be reached"
+	default:
+		return "the exchange with the broker failed"
+	}
 }
 
 // ServeHTTP implements http.Handler.

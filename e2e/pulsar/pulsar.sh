@@ -122,11 +122,21 @@ is_ready() {
     curl_admin /admin/v2/namespaces/public 2>/dev/null | grep -q '"public/default"'
 }
 
+# alive says whether process $1 runs: a zombie (killed, not yet reaped by an init that may
+# never reap it) does not.
+alive() {
+  kill -0 "$1" 2>/dev/null || return 1
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [ "${stat%% *}" != Z ]
+}
+
 running_pid() {
   local pid
   [ -f "$run/pulsar.pid" ] || return 1
   pid=$(cat "$run/pulsar.pid")
-  kill -0 "$pid" 2>/dev/null || return 1
+  alive "$pid" || return 1
   echo "$pid"
 }
 
@@ -231,6 +241,9 @@ cmd_start() {
   local java; java=$(java_bin)
   if [ -z "$java" ] || [ ! -x "$java" ]; then die "missing prerequisite: java (JDK 17+) is not on PATH and JAVA_HOME is unset"; fi
   if [ "$mode" = recover ]; then
+    # 2.x standalone gives ZooKeeper and its bookie new ports each start; what they stored
+    # names the old ones.
+    if [[ "$PULSAR_VERSION" == 2.* ]]; then die "recover needs Pulsar 3 or later, not $PULSAR_VERSION"; fi
     if running_pid >/dev/null; then die "instance '$PULSAR_INSTANCE' is running; recover follows a kill"; fi
     [ -d "$run/data" ] || die "instance '$PULSAR_INSTANCE' has no data to recover ($run/data)"
   elif running_pid >/dev/null; then
@@ -250,7 +263,7 @@ cmd_start() {
   if [ "$mode" = fresh ]; then rm -rf "$run"; fi
   mkdir -p "$run/data" "$run/logs"
   # The crashed run's log is kept beside the new one.
-  if [ "$mode" = recover ] && [ -f "$run/logs/standalone.out" ]; then mv "$run/logs/standalone.out" "$run/logs/standalone.out.killed"; fi
+  if [ "$mode" = recover ] && [ -f "$run/logs/standalone.out" ]; then mv "$run/logs/standalone.out" "$run/logs/standalone.out.killed-$(date +%s%N)"; fi
   local conf; conf=$(write_conf)
   local t0; t0=$(date +%s%N)
   (
@@ -285,7 +298,7 @@ cmd_start() {
     fi
     if [ $SECONDS -ge $deadline ]; then
       tail -n 30 "$run/logs/standalone.out" >&2 || true
-      cmd_stop
+      if [ "$mode" = recover ]; then cmd_kill; else cmd_stop; fi # a recovery keeps its data to look at
       die "the broker was not ready within $PULSAR_READY_TIMEOUT s; log: $run/logs/standalone.out"
     fi
     sleep 0.5
@@ -302,8 +315,8 @@ cmd_stop() {
   if pid=$(running_pid); then
     kill -TERM "$pid" 2>/dev/null || true
     local deadline=$((SECONDS + 30))
-    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.5; done
-    if kill -0 "$pid" 2>/dev/null; then
+    while alive "$pid" && [ $SECONDS -lt $deadline ]; do sleep 0.5; done
+    if alive "$pid"; then
       log "broker pid $pid did not stop within 30 s; killing it"
       kill -KILL "$pid" 2>/dev/null || true
     fi
@@ -318,7 +331,7 @@ cmd_kill() {
   pid=$(running_pid) || die "instance '$PULSAR_INSTANCE' is not running"
   kill -KILL "$pid" 2>/dev/null || true
   local deadline=$((SECONDS + 30))
-  while kill -0 "$pid" 2>/dev/null; do
+  while alive "$pid"; do
     [ $SECONDS -lt $deadline ] || die "broker pid $pid still alive 30 s after SIGKILL"
     sleep 0.1
   done
