@@ -123,13 +123,16 @@ is_ready() {
 }
 
 # alive says whether process $1 runs: a zombie (killed, not yet reaped by an init that may
-# never reap it) does not.
+# never reap it) does not, once its last thread is gone. The JVM's main thread turns zombie
+# first; the others, and the sockets they share, go after it.
 alive() {
   kill -0 "$1" 2>/dev/null || return 1
-  local stat
+  local stat tasks
   stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
   stat=${stat##*) }
-  [ "${stat%% *}" != Z ]
+  [ "${stat%% *}" != Z ] && return 0
+  tasks=$(find "/proc/$1/task" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
+  [ "$tasks" -gt 1 ]
 }
 
 running_pid() {
