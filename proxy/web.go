@@ -234,6 +234,19 @@ func (w *webProxy) outgoing(r *http.Request, t *url.URL) *http.Request {
 	return out
 }
 
+// mayHold is the most holdBody holds of a body of announced length n (-1: unknown), reserved
+// before it reads: the body itself, nothing of one it streams, and for an unknown length what
+// it reads to find out.
+func mayHold(n int64) int64 {
+	switch {
+	case n > webReplayLimit:
+		return 0
+	case n < 0:
+		return webReplayLimit + 1
+	}
+	return n
+}
+
 // holdBody reads r's body whole when it is at most webReplayLimit bytes (held, to be sent again
 // after a redirect); a larger one, announced or found so, is returned as stream, what was read
 // of it first followed by the rest. Both are nil for a request without a body.
@@ -341,16 +354,7 @@ func (w *webProxy) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	// A body that may be held (holdBody) has its bytes reserved first: the announced length or,
-	// for a body of unknown length, the most that is held; a larger one is streamed. Then what
-	// the request holds besides.
-	body := r.ContentLength
-	switch {
-	case body > webReplayLimit:
-		body = 0
-	case body < 0:
-		body = webReplayLimit + 1
-	}
+	body := mayHold(r.ContentLength)
 	need := body + webRequestCost
 	if !w.reserve(need) {
 		w.srv.m.web[webRefused].Add(1)

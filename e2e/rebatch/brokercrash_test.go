@@ -120,11 +120,7 @@ func (c *brokerCrash) begin(t *testing.T) {
 		close(c.started)
 	}
 	c.mu.Unlock()
-	select {
-	case <-c.started:
-	case <-time.After(brokerCrashWait):
-		t.Fatalf("the other cases were not set up within %v", brokerCrashWait)
-	}
+	awaitOthers(t, c.started, "were not set up")
 }
 
 // inject waits until every case has reached the fault; the last to arrive kills the broker.
@@ -136,11 +132,7 @@ func (c *brokerCrash) inject(t *testing.T, _ *harness.ProcessProxy, _ string) {
 		close(c.killed)
 	}
 	c.mu.Unlock()
-	select {
-	case <-c.killed:
-	case <-time.After(brokerCrashWait):
-		t.Fatalf("the other cases did not reach the fault within %v", brokerCrashWait)
-	}
+	awaitOthers(t, c.killed, "did not reach the fault")
 	if c.killErr != nil {
 		t.Fatalf("kill -9 of the broker: %v", c.killErr)
 	}
@@ -154,5 +146,16 @@ func (c *brokerCrash) mend(t *testing.T, _ *harness.ProcessProxy) {
 	})
 	if c.recoverErr != nil {
 		t.Fatalf("recovering the broker: %v", c.recoverErr)
+	}
+}
+
+// awaitOthers waits until done is closed by the last case to arrive, failing t after
+// brokerCrashWait: the other cases then "what" in time.
+func awaitOthers(t *testing.T, done <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-done:
+	case <-time.After(brokerCrashWait):
+		t.Fatalf("the other cases %s within %v", what, brokerCrashWait)
 	}
 }

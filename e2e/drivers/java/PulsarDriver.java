@@ -427,11 +427,7 @@ public final class PulsarDriver {
         try {
             client = client(f, timeoutMs);
         } catch (Exception e) {
-            summary.put("acked", 0);
-            summary.put("failed", count);
-            summary.put("error", "client: " + rootMessage(e));
-            emit(summary);
-            return EXIT_FAILED;
+            return nothingSent(summary, count, "client: " + rootMessage(e));
         }
         try {
             pb = client.newProducer(schema).topic(topic).compressionType(ct).enableBatching(batching)
@@ -476,12 +472,8 @@ public final class PulsarDriver {
         try {
             producer = pb.create();
         } catch (Exception e) {
-            summary.put("acked", 0);
-            summary.put("failed", count);
-            summary.put("error", "create producer: " + rootMessage(e));
-            emit(summary);
             client.close();
-            return EXIT_FAILED;
+            return nothingSent(summary, count, "create producer: " + rootMessage(e));
         }
 
         Transaction txn = null;
@@ -489,13 +481,9 @@ public final class PulsarDriver {
             try {
                 txn = client.newTransaction().withTransactionTimeout(5, TimeUnit.MINUTES).build().get();
             } catch (Exception e) {
-                summary.put("acked", 0);
-                summary.put("failed", count);
-                summary.put("error", "new transaction: " + rootMessage(e));
-                emit(summary);
                 producer.close();
                 client.close();
-                return EXIT_FAILED;
+                return nothingSent(summary, count, "new transaction: " + rootMessage(e));
             }
         }
 
@@ -617,6 +605,15 @@ public final class PulsarDriver {
         }
         emit(summary);
         return acked.get() == count && txnOK ? EXIT_OK : EXIT_FAILED;
+    }
+
+    /** Reports a produce run that failed before its first send: none of count acknowledged. */
+    static int nothingSent(Map<String, Object> summary, int count, String error) {
+        summary.put("acked", 0);
+        summary.put("failed", count);
+        summary.put("error", error);
+        emit(summary);
+        return EXIT_FAILED;
     }
 
     // ---------------------------------------------------------------------------------------------
