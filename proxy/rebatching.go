@@ -321,8 +321,8 @@ func (r *rebatchPath) FromClient(f wire.Frame, out Outputs) (Verdict, error) {
 		}
 		return Forward, nil
 	case pulsarpb.BaseCommand_SEND:
-		s, err := wire.ParseSend(f)
-		if err != nil {
+		var s wire.Send
+		if err := wire.ParseSendInto(f, &s); err != nil {
 			return Forward, nil
 		}
 		e, unchanged := r.sendEngine(&s)

@@ -462,8 +462,8 @@ func (p *Producer) admit(s *wire.Send) error {
 
 // Send takes one client SEND frame of this producer.
 func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
-	s, err := wire.ParseSend(f)
-	if err != nil {
+	var s wire.Send
+	if err := wire.ParseSendInto(f, &s); err != nil {
 		return err
 	}
 	return p.SendParsed(now, f, &s, out)
@@ -471,17 +471,16 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 
 // SendParsed is Send for a caller that has already parsed the frame's CommandSend into s (the
 // proxy, to find the producer): the command is not read again.
-func (p *Producer) SendParsed(now time.Time, f wire.Frame, sp *wire.Send, out *Output) error {
-	if err := p.admit(sp); err != nil {
+func (p *Producer) SendParsed(now time.Time, f wire.Frame, s *wire.Send, out *Output) error {
+	if err := p.admit(s); err != nil {
 		return err
 	}
-	s := *sp
 	if !f.HasPayload() {
 		return ErrMalformedSend
 	}
 	if p.cfg.TrackOnly {
 		p.stats.ClientSends++
-		return p.verbatim(now, f, &s, out)
+		return p.verbatim(now, f, s, out)
 	}
 	if err := wire.ParseSendMetadata(f.Metadata(), &p.meta); err != nil {
 		return fmt.Errorf("%w: %v", ErrMalformedSend, err)
@@ -489,47 +488,47 @@ func (p *Producer) SendParsed(now time.Time, f wire.Frame, sp *wire.Send, out *O
 	p.stats.ClientSends++
 	// A send whose checksum fails is the broker's to refuse (ChecksumError), exactly as on a
 	// direct connection; rebuilding it would launder corrupt data into a valid entry.
-	if neverMerged(&s, &p.meta) || !f.HasChecksum() || f.VerifyChecksum() != nil {
-		return p.verbatim(now, f, &s, out)
+	if neverMerged(s, &p.meta) || !f.HasChecksum() || f.VerifyChecksum() != nil {
+		return p.verbatim(now, f, s, out)
 	}
-	if p.alone(&s) {
+	if p.alone(s) {
 		// The entry this send would become holds it alone and leaves at once: the client's own
 		// frame is that entry (unbatched), so a workload coalescing cannot merge costs what
 		// passthrough costs.
 		p.stats.ClientMessages++
 		p.stats.SendsAlone++
-		return p.verbatim(now, f, &s, out)
+		return p.verbatim(now, f, s, out)
 	}
-	msgs, err := p.explode(f, &s)
+	msgs, err := p.explode(f, s)
 	if err == errTooBig {
-		return p.verbatim(now, f, &s, out)
+		return p.verbatim(now, f, s, out)
 	}
 	if err != nil {
 		return err
 	}
 	for i := range msgs {
 		if m := &msgs[i]; 4+len(m.smm)+len(m.payload) > p.budget {
-			return p.verbatim(now, f, &s, out) // a message no built entry could hold
+			return p.verbatim(now, f, s, out) // a message no built entry could hold
 		}
 	}
 	p.stats.ClientMessages += uint64(len(msgs))
 	if len(p.lanes) > 1 && p.lanes[1].shared {
-		return p.sendShared(now, &s, msgs, out)
+		return p.sendShared(now, s, msgs, out)
 	}
 	num := numberingOf(s.SequenceID, s.HighestSequenceID, msgs, p.atomic, p.mixedSeq)
 	if int64(s.SequenceID) <= p.ownMark {
 		// Below what this engine already sent, so not a resend (numbering.go): the broker judges
 		// it as the client built it, against the mark its ids were compared with directly.
 		p.stats.SendsOutOfOrder++
-		return p.outOfOrder(now, f, &s, out)
+		return p.outOfOrder(now, f, s, out)
 	}
 	if p.ring == nil && int64(num.hi) <= p.lanes[0].lastPushed {
 		// A resend of something the broker holds whole: the broker answers it itself.
-		return p.verbatim(now, f, &s, out)
+		return p.verbatim(now, f, s, out)
 	}
 	if !p.planSend(msgs, num) {
 		p.stats.SendsUnsplittable++
-		return p.verbatim(now, f, &s, out)
+		return p.verbatim(now, f, s, out)
 	}
 	id := p.sendBase + uint64(p.Pending())
 	p.sends = append(p.sends, clientSend{sentAt: now, seq: s.SequenceID, highest: s.HighestSequenceID})
@@ -695,7 +694,8 @@ func (p *Producer) explode(f wire.Frame, s *wire.Send) ([]msgRef, error) {
 		// A message sent alone: its own fields move from the outer metadata into a
 		// SingleMessageMetadata, where a batch keeps them.
 		p.single = md.AppendSingleMetadata(p.single[:0], len(payload))
-		p.msgs = append(p.msgs, msgRef{smm: p.single, meta: md.SingleMeta(p.single, len(payload)), payload: payload, seq: s.SequenceID})
+		p.msgs = append(p.msgs, msgRef{smm: p.single, payload: payload, seq: s.SequenceID})
+		md.FillSingleMeta(&p.msgs[0].meta, p.single, len(payload)) // in place: no copy of the view
 		return p.msgs, nil
 	}
 	n := int(md.NumMessagesInBatch)

@@ -56,14 +56,23 @@ type Send struct {
 // Fields it does not model are ignored. It returns ErrMalformedCommand when
 // the frame is not a SEND or the command is malformed.
 func ParseSend(f Frame) (Send, error) {
+	var s Send
+	err := ParseSendInto(f, &s)
+	return s, err
+}
+
+// ParseSendInto is ParseSend writing into *s, for the hot path: a Send is too large to copy
+// per message. *s is left zero on error.
+func ParseSendInto(f Frame, s *Send) error {
+	*s = Send{}
 	if f.typ != pulsarpb.BaseCommand_SEND {
-		return Send{}, ErrMalformedCommand
+		return ErrMalformedCommand
 	}
 	body, ok := f.subCommand()
 	if !ok {
-		return Send{}, ErrMalformedCommand
+		return ErrMalformedCommand
 	}
-	return parseSendBody(body)
+	return parseSendBody(body, s)
 }
 
 // ParseSendHead is ParseSend for a frame of which only the Head has been
@@ -76,16 +85,20 @@ func ParseSendHead(h Head) (Send, error) {
 	if !ok {
 		return Send{}, ErrMalformedCommand
 	}
-	return parseSendBody(body)
+	var s Send
+	err := parseSendBody(body, &s)
+	return s, err
 }
 
-// parseSendBody reads a CommandSend's fields.
-func parseSendBody(body []byte) (Send, error) {
-	var s Send
+// parseSendBody reads a CommandSend's fields into *s, which is zero; on error it leaves it zero.
+func parseSendBody(body []byte, s *Send) error {
 	for i := 0; i < len(body); {
-		fl, n := pbscan.Next(body[i:])
+		fl, n := pbscan.NextSmall(body[i:])
 		if n == 0 {
-			return Send{}, ErrMalformedCommand
+			if fl, n = pbscan.Next(body[i:]); n == 0 {
+				*s = Send{}
+				return ErrMalformedCommand
+			}
 		}
 		i += n
 		switch {
@@ -116,7 +129,7 @@ func parseSendBody(body []byte) (Send, error) {
 			s.Unmodeled = true
 		}
 	}
-	return s, nil
+	return nil
 }
 
 // SendReceipt holds a CommandSendReceipt. HasMessageID is false for a

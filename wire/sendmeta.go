@@ -91,9 +91,11 @@ type SendMetadata struct {
 func ParseSendMetadata(b []byte, m *SendMetadata) error {
 	*m = SendMetadata{raw: b}
 	for rest := b; len(rest) > 0; {
-		f, n := pbscan.Next(rest)
+		f, n := pbscan.NextSmall(rest)
 		if n == 0 {
-			return ErrMalformedMetadata
+			if f, n = pbscan.Next(rest); n == 0 {
+				return ErrMalformedMetadata
+			}
 		}
 		rest = rest[n:]
 		if f.WireType == pbscan.Bytes {
@@ -158,11 +160,22 @@ func ParseSendMetadata(b []byte, m *SendMetadata) error {
 			m.Special = true
 		}
 	}
-	if _, known := pulsarpb.CompressionType_name[int32(m.Compression)]; !known {
+	if c := m.Compression; c < 0 || int(c) >= len(knownCodecs) || !knownCodecs[c] {
 		m.Special = true
 	}
 	return nil
 }
+
+// knownCodecs[c] is true for the compression types of this build's pulsar_api.proto (indexed by
+// value, read per send without the map's lookup). A codec the table has no room for is unknown.
+var knownCodecs = func() (known [16]bool) {
+	for v := range pulsarpb.CompressionType_name {
+		if v >= 0 && int(v) < len(known) {
+			known[v] = true
+		}
+	}
+	return known
+}()
 
 // wellFormed reports whether b is a well-formed protobuf message.
 func wellFormed(b []byte) bool {
@@ -226,10 +239,11 @@ func (m *SendMetadata) AppendSingleMetadata(dst []byte, payloadSize int) []byte 
 	return dst
 }
 
-// SingleMeta returns what batch.ParseSingleMeta reads from smm, the result of
+// FillSingleMeta sets *dst to what batch.ParseSingleMeta reads from smm, the result of
 // AppendSingleMetadata(dst, payloadSize), without reading it: the fields it was encoded from.
-func (m *SendMetadata) SingleMeta(smm []byte, payloadSize int) batch.SingleMeta {
-	f := batch.SingleMeta{
+// It writes in place because the engine fills one per message.
+func (m *SendMetadata) FillSingleMeta(dst *batch.SingleMeta, smm []byte, payloadSize int) {
+	*dst = batch.SingleMeta{
 		PayloadSize:            int32(payloadSize),
 		HasPartitionKey:        m.hasPartitionKey,
 		PartitionKeyB64Encoded: m.hasB64 && m.b64,
@@ -241,16 +255,16 @@ func (m *SendMetadata) SingleMeta(smm []byte, payloadSize int) batch.SingleMeta 
 		NumProperties:          m.properties,
 	}
 	if m.hasPartitionKey {
-		f.PartitionKey = m.partitionKey
+		dst.PartitionKey = m.partitionKey
 	}
 	if m.hasOrderingKey {
-		f.OrderingKey = m.orderingKey
+		dst.OrderingKey = m.orderingKey
 	}
 	if m.hasEventTime {
-		f.EventTime = m.eventTime
+		dst.EventTime = m.eventTime
 	}
 	// AppendSingleMetadata writes the properties first.
-	return batch.SingleMetaOf(smm, m.smmPropBytes, f)
+	dst.SetRaw(smm, m.smmPropBytes)
 }
 
 func appendVarintField(dst []byte, num, v uint64) []byte {

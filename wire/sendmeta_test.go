@@ -86,7 +86,8 @@ func agree(t testing.TB, b []byte, exact bool) {
 		if err != nil {
 			t.Fatalf("ParseSingleMeta refuses what AppendSingleMetadata wrote: %v (%x)", err, got)
 		}
-		if known := m.SingleMeta(got, size); !sameSingleMeta(known, parsed) {
+		var known batch.SingleMeta
+		if m.FillSingleMeta(&known, got, size); !sameSingleMeta(known, parsed) {
 			t.Fatalf("SingleMeta\n got %+v\nwant %+v (parsed from %x)", known, parsed, got)
 		}
 	}

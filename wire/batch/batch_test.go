@@ -212,7 +212,7 @@ func TestPropertiesAmongOtherFields(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	meta = SingleMetaOf(raw, tail, meta) // the properties lie within raw[:tail]
+	meta.SetRaw(raw, tail) // the properties lie within raw[:tail]
 	var got []string
 	if err := meta.Properties(func(k, v []byte) bool { got = append(got, string(k)+"="+string(v)); return true }); err != nil {
 		t.Fatalf("Properties read past its last property: %v", err)

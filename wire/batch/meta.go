@@ -94,14 +94,13 @@ func ParseSingleMeta(b []byte) (SingleMeta, error) {
 	return m, nil
 }
 
-// SingleMetaOf returns ParseSingleMeta(raw) without reading raw, for a caller that encoded raw
-// itself from fields it holds parsed (wire.SendMetadata.SingleMeta, for a message sent alone),
-// its property fields first, in raw[:propsLen]: the engine then reads each message's metadata
-// once. fields' raw is replaced by raw; the caller vouches that fields are what raw encodes, and
-// its tests hold it to that.
-func SingleMetaOf(raw []byte, propsLen int, fields SingleMeta) SingleMeta {
-	fields.raw, fields.propsLo, fields.propsHi = raw, 0, propsLen
-	return fields
+// SetRaw makes m, whose fields a caller filled from what it encoded raw from
+// (wire.SendMetadata.FillSingleMeta, for a message sent alone), what ParseSingleMeta(raw) would
+// return, without reading raw: its property fields come first, in raw[:propsLen]. The engine then
+// reads each message's metadata once. The caller vouches that the fields are what raw encodes,
+// and its tests hold it to that. It fills m in place: the view is too large to copy per message.
+func (m *SingleMeta) SetRaw(raw []byte, propsLen int) {
+	m.raw, m.propsLo, m.propsHi = raw, 0, propsLen
 }
 
 // PropertiesRaw returns the encoded bytes from the first property field to the end of the last

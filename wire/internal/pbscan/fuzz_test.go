@@ -22,6 +22,9 @@ func FuzzNextAgreesWithProtowire(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		fl, n := Next(b)
+		if sf, sn := NextSmall(b); sn != 0 && (sn != n || sf.Num != fl.Num || sf.WireType != fl.WireType || sf.V != fl.V || !bytes.Equal(sf.B, fl.B)) {
+			t.Fatalf("NextSmall(%x) = %+v of %d bytes, Next read %+v of %d bytes", b, sf, sn, fl, n)
+		}
 		num, typ, tn := protowire.ConsumeTag(b)
 		m := -1
 		if tn >= 0 && num <= protowire.MaxValidNumber { // the runtime's decoder refuses larger numbers

@@ -61,6 +61,25 @@ func Uvarint(b []byte) (v uint64, n int) {
 	return 0, 0
 }
 
+// NextSmall is Next for the common fields of a one-byte key and a one-byte varint value or
+// length (small ids, flags, counts, short strings): n is 0 for any other field, which the caller
+// then passes to Next. It is small enough for the compiler to inline into a field loop; on the
+// rewriting path a call per field cost more than decoding it.
+func NextSmall(b []byte) (f Field, n int) {
+	if len(b) >= 2 && b[0] >= 8 && b[1] < 0x80 {
+		num, l := uint64(b[0]>>3), int(b[1])
+		switch b[0] & 0x87 {
+		case Varint:
+			return Field{Num: num, V: uint64(l)}, 2
+		case Bytes:
+			if l <= len(b)-2 {
+				return Field{Num: num, WireType: Bytes, B: b[2 : 2+l]}, 2 + l
+			}
+		}
+	}
+	return Field{}, 0
+}
+
 // Next decodes the field at the start of b and returns the bytes it used,
 // or 0 when b is malformed (truncated, field number 0 or above 2^29-1, a stray end-group,
 // an unterminated group). For a group, B holds its contents.
