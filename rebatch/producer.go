@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/rebatchproxy/rebatchproxy/route"
@@ -694,8 +695,12 @@ func (p *Producer) explode(f wire.Frame, s *wire.Send) ([]msgRef, error) {
 		// A message sent alone: its own fields move from the outer metadata into a
 		// SingleMessageMetadata, where a batch keeps them.
 		p.single = md.AppendSingleMetadata(p.single[:0], len(payload))
-		p.msgs = append(p.msgs, msgRef{smm: p.single, payload: payload, seq: s.SequenceID})
-		md.FillSingleMeta(&p.msgs[0].meta, p.single, len(payload)) // in place: no copy of the view
+		// Filled in place, field by field: a msgRef literal would zero its 136-byte view
+		// only for FillSingleMeta to write it again.
+		p.msgs = slices.Grow(p.msgs, 1)[:1]
+		m := &p.msgs[0]
+		m.smm, m.payload, m.seq = p.single, payload, s.SequenceID
+		md.FillSingleMeta(&m.meta, p.single, len(payload))
 		return p.msgs, nil
 	}
 	n := int(md.NumMessagesInBatch)
