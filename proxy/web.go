@@ -175,7 +175,7 @@ func (w *webProxy) roundTrip(r *http.Request) (*http.Response, error) {
 	}
 	start := w.rr.Add(1)
 	if stream != nil {
-		return w.roundTripStreamed(r, w.targets[int(start)%len(w.targets)], stream)
+		return w.roundTripStreamed(r, int(start), stream)
 	}
 	var lastErr error
 	for i := range w.targets {
@@ -199,23 +199,46 @@ func (w *webProxy) roundTrip(r *http.Request) (*http.Response, error) {
 	return nil, lastErr
 }
 
-// roundTripStreamed sends r, whose body is over webReplayLimit, to broker t with its body
-// streamed: it is not held, so it is sent once, to one broker (whose redirect is answered 502).
-func (w *webProxy) roundTripStreamed(r *http.Request, t *url.URL, stream io.Reader) (*http.Response, error) {
-	out := w.outgoing(r, t)
-	out.Body, out.GetBody = io.NopCloser(stream), nil
-	resp, err := w.clientFor(r).Do(out)
-	if err != nil {
-		return nil, err
+// roundTripStreamed sends r, whose body is over webReplayLimit, with its body streamed: it is
+// not held, so it is sent to one broker (whose redirect is answered 502). A broker that cannot be
+// reached has read none of it, so the next is tried, as for a held body; once a byte has gone,
+// no other broker is.
+func (w *webProxy) roundTripStreamed(r *http.Request, start int, stream io.Reader) (*http.Response, error) {
+	var lastErr error
+	for i := range w.targets {
+		body := &untouched{r: stream}
+		out := w.outgoing(r, w.targets[(start+i)%len(w.targets)])
+		out.Body, out.GetBody = io.NopCloser(body), nil // NopCloser: a failed attempt must not close r.Body
+		resp, err := w.clientFor(r).Do(out)
+		if err != nil {
+			lastErr = err
+			if unreachable(err) && !body.read {
+				continue
+			}
+			return nil, err
+		}
+		// Without GetBody net/http does not follow a 307 or 308 (they resend the body) and
+		// returns it (checkRedirect refuses the others); the client must not be sent to the
+		// broker it names (contract 6).
+		if resp.StatusCode == http.StatusTemporaryRedirect || resp.StatusCode == http.StatusPermanentRedirect {
+			resp.Body.Close()
+			return nil, fmt.Errorf("%w (%d bytes)", errStreamedRedirect, webReplayLimit)
+		}
+		return resp, nil
 	}
-	// Without GetBody net/http does not follow a 307 or 308 (they resend the body) and
-	// returns it (checkRedirect refuses the others); the client must not be sent to the broker
-	// it names (contract 6).
-	if resp.StatusCode == http.StatusTemporaryRedirect || resp.StatusCode == http.StatusPermanentRedirect {
-		resp.Body.Close()
-		return nil, fmt.Errorf("%w (%d bytes)", errStreamedRedirect, webReplayLimit)
-	}
-	return resp, nil
+	return nil, lastErr
+}
+
+// untouched is a body that remembers whether anything read it: a streamed body may be offered to
+// another broker only while it is whole.
+type untouched struct {
+	r    io.Reader
+	read bool
+}
+
+func (u *untouched) Read(p []byte) (int, error) {
+	u.read = true
+	return u.r.Read(p)
 }
 
 // outgoing is r as sent to broker t, without its body.

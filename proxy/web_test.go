@@ -226,6 +226,39 @@ func TestWebPortStreamsABodyOverTheReplayLimit(t *testing.T) {
 	}
 }
 
+// Given a web port in front of two brokers, the first of which cannot be reached (nothing
+// listens on its port),
+// when a client uploads a body over the size the proxy holds to resend,
+// then the upload goes whole to the other broker, whichever broker round robin tries first.
+func TestWebPortStreamsABodyToTheNextBrokerWhenOneCannotBeReached(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := sha256.New()
+		n, _ := io.Copy(h, r.Body)
+		fmt.Fprintf(w, "%d %x", n, h.Sum(nil))
+	}))
+	defer up.Close()
+	dead := httptest.NewServer(http.NotFoundHandler())
+	dead.Close() // its port is free again: a dial there is refused
+	_, web := startWebProxy(t, dead.URL, up.URL)
+	payload := bytes.Repeat([]byte("0123456789abcdef"), (2*webReplayLimit)/16+1)
+	sum := sha256.Sum256(payload)
+	want := fmt.Sprintf("%d %x", len(payload), sum)
+	for i := 0; i < 2; i++ { // round robin: one of the two tries the dead broker first
+		req, _ := http.NewRequest(http.MethodPost, web+"/admin/v3/packages/function/t/n/p@v1", bytes.NewReader(payload))
+
+		resp, err := http.DefaultClient.Do(req)
+
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || string(got) != want {
+			t.Fatalf("upload %d: status %d, the broker read %q; want 200 and %q", i, resp.StatusCode, got, want)
+		}
+	}
+}
+
 // Given a web port in front of broker A, which redirects every request to broker B, a broker
 // the proxy knows,
 // when a client uploads a body over the size the proxy holds to resend,
