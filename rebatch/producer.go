@@ -500,7 +500,7 @@ func (p *Producer) SendParsed(now time.Time, f wire.Frame, s *wire.Send, out *Ou
 		p.stats.SendsAlone++
 		return p.verbatim(now, f, s, out)
 	}
-	msgs, err := p.explode(f, s)
+	msgs, err := p.explode(&f, s)
 	if err == errTooBig {
 		return p.verbatim(now, f, s, out)
 	}
@@ -673,7 +673,7 @@ func neverMerged(s *wire.Send, md *wire.SendMetadata) bool {
 }
 
 // explode takes a send apart into messages, each with an encoded SingleMessageMetadata.
-func (p *Producer) explode(f wire.Frame, s *wire.Send) ([]msgRef, error) {
+func (p *Producer) explode(f *wire.Frame, s *wire.Send) ([]msgRef, error) {
 	md := &p.meta
 	payload := f.Payload()
 	if c := md.Compression; c != pulsarpb.CompressionType_NONE {

@@ -111,8 +111,8 @@ func ReadFrame(buf []byte, maxMessageSize int) (Frame, int, error) {
 	if len(buf) < n {
 		return Frame{}, 0, ErrIncomplete
 	}
-	f, ok := parseFrame(buf[:n:n])
-	if !ok {
+	var f Frame
+	if !parseFrame(buf[:n:n], &f) {
 		return Frame{}, n, ErrCorruptFrame
 	}
 	return f, n, nil
@@ -164,26 +164,26 @@ func ReadHead(buf []byte, maxMessageSize int) (Head, error) {
 }
 
 // parseFrame parses a frame whose length prefix has been checked and whose
-// bytes are all present.
-func parseFrame(b []byte) (Frame, bool) {
+// bytes are all present into *f (written in place: it runs per frame); on false *f is not a frame.
+func parseFrame(b []byte, f *Frame) bool {
 	if len(b) < frameHeaderLen {
-		return Frame{}, false
+		return false
 	}
 	cmdSize := uint64(binary.BigEndian.Uint32(b[4:]))
 	cmdEnd := frameHeaderLen + cmdSize
 	if cmdEnd > uint64(len(b)) {
-		return Frame{}, false
+		return false
 	}
 	typ, subLo, subHi, ok := peekCommandType(b[frameHeaderLen:cmdEnd])
 	if !ok {
-		return Frame{}, false
+		return false
 	}
-	f := Frame{b: b, typ: typ}
+	*f = Frame{b: b, typ: typ}
 	if subLo >= 0 {
 		f.subOff, f.subEnd = uint32(frameHeaderLen+subLo), uint32(frameHeaderLen+subHi)
 	}
 	if cmdEnd == uint64(len(b)) {
-		return f, true
+		return true
 	}
 
 	// Payload frame: the rest is headers and payload.
@@ -192,7 +192,7 @@ func parseFrame(b []byte) (Frame, bool) {
 	if end-off >= 6 && binary.BigEndian.Uint16(b[off:]) == MagicBrokerEntryMetadata {
 		size := binary.BigEndian.Uint32(b[off+2:])
 		if uint64(size) > uint64(end-off-6) {
-			return Frame{}, false
+			return false
 		}
 		f.bemOff = off + 6
 		off = f.bemOff + size
@@ -202,15 +202,15 @@ func parseFrame(b []byte) (Frame, bool) {
 		off += 6
 	}
 	if end-off < 4 {
-		return Frame{}, false
+		return false
 	}
 	mdSize := binary.BigEndian.Uint32(b[off:])
 	if uint64(mdSize) > uint64(end-off-4) {
-		return Frame{}, false
+		return false
 	}
 	f.mdOff = off + 4
 	f.payloadOff = f.mdOff + mdSize
-	return f, true
+	return true
 }
 
 // peekCommandType returns field 1 of a BaseCommand. It walks every
@@ -385,7 +385,7 @@ func (f Frame) VerifyChecksum() error {
 		return ErrNotPayloadFrame
 	case f.crcOff == 0:
 		return ErrNoChecksum
-	case f.Checksum() != f.ComputeChecksum():
+	case binary.BigEndian.Uint32(f.b[f.crcOff:]) != CRC32C(f.b[f.mdOff-4:]): // Checksum, ComputeChecksum, inline: it runs per send
 		return ErrChecksum
 	}
 	return nil
