@@ -180,9 +180,11 @@ var knownCodecs = func() (known [16]bool) {
 // wellFormed reports whether b is a well-formed protobuf message.
 func wellFormed(b []byte) bool {
 	for len(b) > 0 {
-		_, n := pbscan.Next(b)
+		_, n := pbscan.NextSmall(b) // inlined: it runs per property of every send
 		if n == 0 {
-			return false
+			if _, n = pbscan.Next(b); n == 0 {
+				return false
+			}
 		}
 		b = b[n:]
 	}
@@ -209,7 +211,10 @@ func packedVarints(b []byte) bool {
 func (m *SendMetadata) AppendSingleMetadata(dst []byte, payloadSize int) []byte {
 	if m.properties > 0 {
 		for rest := m.raw[m.propLo:m.propHi]; len(rest) > 0; {
-			f, n := pbscan.Next(rest)
+			f, n := pbscan.NextSmall(rest) // inlined: it runs per property of every send
+			if n == 0 {
+				f, n = pbscan.Next(rest) // well-formed: ParseSendMetadata read it
+			}
 			rest = rest[n:]
 			if f.Num == mdProperties && f.WireType == pbscan.Bytes {
 				dst = appendBytesField(dst, smmProperties, f.B)

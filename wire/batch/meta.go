@@ -50,9 +50,11 @@ func ParseSingleMeta(b []byte) (SingleMeta, error) {
 	m := SingleMeta{raw: b}
 	hasSize := false
 	for i := 0; i < len(b); {
-		f, n := pbscan.Next(b[i:])
+		f, n := pbscan.NextSmall(b[i:]) // inlined: it runs per message of every batch
 		if n == 0 {
-			return SingleMeta{}, ErrMalformed
+			if f, n = pbscan.Next(b[i:]); n == 0 {
+				return SingleMeta{}, ErrMalformed
+			}
 		}
 		i += n
 		switch f.WireType {
