@@ -34,7 +34,7 @@ func TestKill9ProxyMidStreamWithKeyBasedClients(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			d := preparedDriver(t, name)
 			for _, path := range []string{"passthrough", "coalesce", "properties", "buckets"} {
-				c := killProxyDuringDriverRun(t, b, d, path, n)
+				c := faultDuringDriverRun(t, b, d, path, n, killProxy)
 				mu.Lock()
 				table = append(table, fmt.Sprintf("%-14s %s", name, c))
 				mu.Unlock()
@@ -46,8 +46,73 @@ func TestKill9ProxyMidStreamWithKeyBasedClients(t *testing.T) {
 	}
 }
 
-// killProxyDuringDriverRun runs one case of TestKill9ProxyMidStreamWithKeyBasedClients.
-func killProxyDuringDriverRun(t *testing.T, b *harness.Broker, d *drivers.Driver, path string, n int) storedCount {
+// Given a private broker with de-duplication on and a key-based batching producer of a released
+// client (Java 2.10.6 and 4.0.13, Python 3.13.0) sending 20,000 messages over 50 keys
+// asynchronously with no send timeout, through the proxy run as a separate process under a
+// rewriting policy (coalesce, buckets, properties: one client each),
+// when the broker is killed with SIGKILL once it has taken 3,000 messages, and recovered on its
+// data (the proxy answers the clients' reconnections with ServiceNotReady meanwhile),
+// then the client reconnects and resends, every send is acknowledged, the broker stores every
+// message exactly once, and entries hold one property group (properties) or bucket (buckets).
+// TestKill9BrokerMidStreamStoresEveryMessageOnce does the same with pulsar-client-go; these
+// clients number and resend their batches their own way.
+func TestKill9BrokerMidStreamWithReleasedClients(t *testing.T) {
+	b, err := harness.StartBroker(harness.Options{Dedup: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Stop() })
+	const n = 20000
+	var table []string
+	t.Cleanup(func() {
+		t.Logf("kill -9 of the broker mid-stream and its recovery, key-based batchers, de-duplication on, %d messages each:\n%-14s %s\n%s",
+			n, "client", storedHeader, strings.Join(table, "\n"))
+	})
+	for _, c := range []struct{ client, path string }{
+		{"java-2.10.6", "coalesce"}, {"java-4.0.13", "buckets"}, {"python-3.13.0", "properties"},
+	} {
+		t.Run(c.client+"/"+c.path, func(t *testing.T) {
+			d := preparedDriver(t, c.client)
+			r := faultDuringDriverRun(t, b, d, c.path, n, killBroker(b))
+			table = append(table, fmt.Sprintf("%-14s %s", c.client, r))
+			if r.acked != n || r.failed != 0 || r.lost != 0 || r.dups != 0 || !r.policyKept() {
+				t.Errorf("not exactly once, or not as the policy promises, after kill -9 of the broker:\n%s\n%s", storedHeader, r)
+			}
+		})
+	}
+}
+
+// driverFault breaks a driver case's path mid-stream (kills the proxy pp or the broker) and
+// mends it. Which goroutine: the case's test goroutine.
+type driverFault func(t *testing.T, path string, pp *harness.ProcessProxy)
+
+// killProxy kills the case's proxy with SIGKILL and starts it again on the same port a second
+// later.
+func killProxy(t *testing.T, path string, pp *harness.ProcessProxy) {
+	pp.Kill9()
+	time.Sleep(time.Second)
+	if fails := pp.StartRetrying(90 * time.Second); fails > 0 {
+		t.Logf("%s: restart: %d attempts failed with \"address already in use\"", path, fails)
+	}
+}
+
+// killBroker kills broker b (one StartBroker started) with SIGKILL and recovers it on its data.
+func killBroker(b *harness.Broker) driverFault {
+	return func(t *testing.T, path string, _ *harness.ProcessProxy) {
+		at := time.Now()
+		if err := b.Kill9(); err != nil {
+			t.Fatalf("%s: kill -9 of the broker: %v", path, err)
+		}
+		if err := b.Recover(); err != nil {
+			t.Fatalf("%s: recovering the broker: %v", path, err)
+		}
+		t.Logf("%s: broker down %.1f s", path, time.Since(at).Seconds())
+	}
+}
+
+// faultDuringDriverRun runs one case of the driver crash specs: the producer runs through its
+// own proxy process, and fault strikes once the broker has taken 3,000 messages.
+func faultDuringDriverRun(t *testing.T, b *harness.Broker, d *drivers.Driver, path string, n int, fault driverFault) storedCount {
 	t.Helper()
 	ns := newNamespace(t, b, "crash-"+path)
 	if err := b.SetNamespaceDeduplication(ctxT(t, 30*time.Second), ns, true); err != nil {
@@ -80,11 +145,7 @@ func killProxyDuringDriverRun(t *testing.T, b *harness.Broker, d *drivers.Driver
 		}
 		in, _ = b.MessagesIn(ctx, topic)
 	}
-	pp.Kill9()
-	time.Sleep(time.Second)
-	if fails := pp.StartRetrying(90 * time.Second); fails > 0 {
-		t.Logf("%s: restart: %d attempts failed with \"address already in use\"", path, fails)
-	}
+	fault(t, path, pp)
 	r := <-done
 	if r.err != nil {
 		t.Fatalf("%s: produce after the fault: %v", path, r.err)
