@@ -334,7 +334,7 @@ func (r *rebatchPath) FromClient(f wire.Frame, out Outputs) (Verdict, error) {
 		case s.IsChunk && r.chunks != nil:
 			return r.chunkSend(e, f, &s, out)
 		}
-		return r.emit(s.ProducerID, e, out, e.p.SendParsed(r.info.Now(), f, &s, &r.out))
+		return r.emit(s.ProducerID, e, out, e.p.SendParsed(r.info.Now(), &f, &s, &r.out))
 	case pulsarpb.BaseCommand_CLOSE_PRODUCER:
 		if err := wire.DecodeCommand(f, &r.cmd); err != nil {
 			return Forward, nil
@@ -1014,7 +1014,7 @@ func (r *rebatchPath) sendChunk(e *engine, f wire.Frame, s *wire.Send) (chunkded
 	now := r.info.Now()
 	var md pulsarpb.MessageMetadata
 	if !f.HasPayload() || wire.DecodeMetadata(f.Metadata(), &md) != nil || md.ChunkId == nil || md.GetNumChunksFromMsg() < 2 {
-		return 0, e.p.SendParsed(now, f, s, &r.out) // not a chunk the tracker can key
+		return 0, e.p.SendParsed(now, &f, s, &r.out) // not a chunk the tracker can key
 	}
 	fp := ChunkFingerprint(f.Payload(), md.GetPublishTime(), md.GetUuid())
 	tok := r.newToken()
@@ -1197,7 +1197,7 @@ func (r *rebatchPath) releaseQueued(id uint64) {
 		} else if s.IsChunk && r.chunks != nil {
 			tok, err = r.sendChunk(e, f, &s)
 		} else {
-			err = e.p.SendParsed(r.info.Now(), f, &s, &r.out)
+			err = e.p.SendParsed(r.info.Now(), &f, &s, &r.out)
 		}
 		if err != nil && r.deferErr == nil {
 			r.deferErr = fmt.Errorf("producer %d (%q) on %s: %w", id, e.name, e.topic, err)

@@ -19,7 +19,7 @@ func (p *Producer) SendTagged(now time.Time, f wire.Frame, s *wire.Send, tag uin
 		return err
 	}
 	p.stats.ClientSends++
-	if err := p.verbatim(now, f, s, out); err != nil {
+	if err := p.verbatim(now, &f, s, out); err != nil {
 		return err
 	}
 	l := p.lanes[0]

@@ -70,7 +70,7 @@ func (p *Producer) dropWaiting(l *lane) {
 
 // outOfOrder forwards an out-of-order send on the lane with the highest mark, at once when the
 // broker can judge it, else once it can (releaseWaiting).
-func (p *Producer) outOfOrder(now time.Time, f wire.Frame, s *wire.Send, out *Output) error {
+func (p *Producer) outOfOrder(now time.Time, f *wire.Frame, s *wire.Send, out *Output) error {
 	if err := p.flushAll(out); err != nil {
 		return err
 	}

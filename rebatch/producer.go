@@ -467,12 +467,12 @@ func (p *Producer) Send(now time.Time, f wire.Frame, out *Output) error {
 	if err := wire.ParseSendInto(f, &s); err != nil {
 		return err
 	}
-	return p.SendParsed(now, f, &s, out)
+	return p.SendParsed(now, &f, &s, out)
 }
 
 // SendParsed is Send for a caller that has already parsed the frame's CommandSend into s (the
 // proxy, to find the producer): the command is not read again.
-func (p *Producer) SendParsed(now time.Time, f wire.Frame, s *wire.Send, out *Output) error {
+func (p *Producer) SendParsed(now time.Time, f *wire.Frame, s *wire.Send, out *Output) error {
 	if err := p.admit(s); err != nil {
 		return err
 	}
@@ -500,7 +500,7 @@ func (p *Producer) SendParsed(now time.Time, f wire.Frame, s *wire.Send, out *Ou
 		p.stats.SendsAlone++
 		return p.verbatim(now, f, s, out)
 	}
-	msgs, err := p.explode(&f, s)
+	msgs, err := p.explode(f, s)
 	if err == errTooBig {
 		return p.verbatim(now, f, s, out)
 	}
@@ -957,14 +957,14 @@ func (p *Producer) flush(l *lane, out *Output) error {
 
 // verbatim forwards a client send unchanged on the client's own producer, after flushing the
 // open batches so order holds.
-func (p *Producer) verbatim(now time.Time, f wire.Frame, s *wire.Send, out *Output) error {
+func (p *Producer) verbatim(now time.Time, f *wire.Frame, s *wire.Send, out *Output) error {
 	return p.verbatimOn(now, f, s, p.lanes[0], out)
 }
 
 // verbatimOn forwards a client send as the client built it on broker producer l: the frame's
 // own bytes on the client's producer, re-addressed (same metadata and payload) on a bucket lane.
 // A nil l means the lane with the highest mark once the open batches are sent (highestLane).
-func (p *Producer) verbatimOn(now time.Time, f wire.Frame, s *wire.Send, l *lane, out *Output) error {
+func (p *Producer) verbatimOn(now time.Time, f *wire.Frame, s *wire.Send, l *lane, out *Output) error {
 	if err := p.flushAll(out); err != nil {
 		return err
 	}
@@ -988,7 +988,7 @@ func (p *Producer) queueVerbatim(now time.Time, s *wire.Send) uint64 {
 // appendOnLane appends a client's SEND as the client built it, addressed to broker producer l:
 // the frame's own bytes on the client's producer, re-addressed (same metadata and payload) on a
 // bucket lane.
-func appendOnLane(dst []byte, f wire.Frame, s *wire.Send, l *lane) []byte {
+func appendOnLane(dst []byte, f *wire.Frame, s *wire.Send, l *lane) []byte {
 	if l.producerID == s.ProducerID {
 		return append(dst, f.Bytes()...)
 	}
