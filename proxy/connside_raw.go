@@ -36,9 +36,10 @@ import (
 // whole process was idle, and for request-response traffic (a synchronous send over TLS) that
 // wake-up and sysmon's polling until the process idled again were half of the proxy's CPU
 // (e2e/proxy/bench, sessions 17-18 and 24). Sparse means: reads, those that find nothing too,
-// are raw while the last two reads that returned input came quickGap or more apart; a write is
-// raw when quickGap has passed since the last one and it is at most quickWriteMax bytes (a raw
-// call holds its P for the whole copy). Within a stream the calls stay ordinary: made raw there
+// are raw while each of the last sparseAfter reads that returned input took at most sparseMax
+// bytes, quickGap or more after the one before; writes likewise. A stream the proxy fell behind
+// on is not sparse: after a pause its read finds much. (A raw call holds its P for its copy,
+// which sparseMax keeps short.) Within a stream the calls stay ordinary: made raw there
 // too (session 18), reads returned sooner with less, and the broker received more, smaller TLS
 // records and spent more CPU per message.
 //
@@ -57,7 +58,7 @@ type rawConn struct {
 
 	readBuffered bool   // TLS above: set before the reader starts
 	lastRead     int64  // monotonicNow of the last read that returned input; the reader's
-	sparse       bool   // that read came quickGap or more after the one before; the reader's
+	readGaps     uint8  // reads with input in a row that came quickGap or more after the one before; the reader's
 	noWait       bool   // a Read finding rbuf empty fails at once (os.ErrDeadlineExceeded)
 	rbuf         []byte // read from the socket, not yet taken (from roff on); nil when empty
 	rarr         *[connReadChunk]byte
@@ -78,17 +79,28 @@ type rawConn struct {
 	held      bool
 	hold      []byte
 	lastWrite int64 // monotonicNow of the last write to the socket
+	writeGaps uint8 // writes in a row that came quickGap or more after the one before
 	// closed runs on the writer goroutine once it has closed the
 	// connection, so that a parked reader stops waiting for a dead socket.
 	closed func()
 }
 
-// quickGap is the pause after which a read or write is made with a raw system call, and
-// quickWriteMax the largest write made so (see rawConn).
+// Traffic is sparse once sparseAfter reads (or writes) in a row each moved at most sparseMax
+// bytes, quickGap or more after the one before (see rawConn).
 const (
-	quickGap      = 250 * time.Microsecond
-	quickWriteMax = 16 << 10
+	quickGap    = 500 * time.Microsecond
+	sparseAfter = 2
+	sparseMax   = 2 << 10
 )
+
+// nextGaps counts one more read or write of n bytes, gap after the one before, into a run of
+// sparse ones (capped at sparseAfter).
+func nextGaps(run uint8, gap int64, n int) uint8 {
+	if gap < int64(quickGap) || n > sparseMax {
+		return 0
+	}
+	return min(run+1, sparseAfter)
+}
 
 // monotonicNow is a monotonic clock in nanoseconds, for quickGap. Any goroutine may call it.
 func monotonicNow() int64 { return int64(time.Since(clockBase)) }
@@ -184,7 +196,7 @@ func (r *rawConn) readChunk() (a *[connReadChunk]byte, n int, err error) {
 	err = r.rc.Read(func(fd uintptr) bool {
 		a = readChunkPool.Get().(*[connReadChunk]byte)
 		for {
-			if r.sparse { // every read until input comes closer together, those finding none too
+			if r.readGaps >= sparseAfter { // every read until input comes closer, those finding none too
 				n, rerr = rawRead(int(fd), a[:])
 			} else {
 				n, rerr = unix.Read(int(fd), a[:])
@@ -204,7 +216,7 @@ func (r *rawConn) readChunk() (a *[connReadChunk]byte, n int, err error) {
 	})
 	if n > 0 {
 		now := monotonicNow()
-		r.sparse, r.lastRead = now-r.lastRead >= int64(quickGap), now
+		r.readGaps, r.lastRead = nextGaps(r.readGaps, now-r.lastRead, n), now
 	}
 	switch {
 	case err != nil:
@@ -301,8 +313,8 @@ func (r *rawConn) tryWrite(b []byte) int {
 	var n int
 	var werr error
 	now := monotonicNow()
-	quick := now-r.lastWrite > int64(quickGap) && len(b) <= quickWriteMax
-	r.lastWrite = now
+	r.writeGaps, r.lastWrite = nextGaps(r.writeGaps, now-r.lastWrite, len(b)), now
+	quick := r.writeGaps >= sparseAfter
 	err := r.rc.Write(func(fd uintptr) bool {
 		for {
 			if quick {
