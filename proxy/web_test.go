@@ -192,36 +192,52 @@ func TestWebPortDoesNotResendARequestABrokerMayHaveTaken(t *testing.T) {
 	t.Fatal("no request went to A first")
 }
 
+// hashingBroker is a broker's web port that reads every request body whole and answers with its
+// length and SHA-256 (hashOf).
+func hashingBroker(t *testing.T) *httptest.Server {
+	t.Helper()
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := sha256.New()
+		n, _ := io.Copy(h, r.Body)
+		fmt.Fprintf(w, "%d %x", n, h.Sum(nil))
+	}))
+	t.Cleanup(b.Close)
+	return b
+}
+
+// hashOf is what hashingBroker answers for a body of payload.
+func hashOf(payload []byte) string { return fmt.Sprintf("%d %x", len(payload), sha256.Sum256(payload)) }
+
+// upload POSTs payload to url (chunked: without announcing its length) and returns the status
+// and the answer.
+func upload(t *testing.T, url string, payload []byte, chunked bool) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(payload))
+	if chunked {
+		req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(payload)), -1
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(got)
+}
+
 // Given a web port in front of a broker that reads every upload whole,
 // when a client uploads bodies over the size the proxy holds to resend (webReplayLimit), with
 // their length announced or chunked,
 // then each reaches the broker whole, byte for byte, and the client gets the broker's answer.
 func TestWebPortStreamsABodyOverTheReplayLimit(t *testing.T) {
-	a := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h := sha256.New()
-		n, _ := io.Copy(h, r.Body)
-		fmt.Fprintf(w, "%d %x", n, h.Sum(nil))
-	}))
-	defer a.Close()
-	_, web := startWebProxy(t, a.URL)
+	_, web := startWebProxy(t, hashingBroker(t).URL)
 	payload := bytes.Repeat([]byte("0123456789abcdef"), (3*webReplayLimit)/16+1)
-	sum := sha256.Sum256(payload)
-	want := fmt.Sprintf("%d %x", len(payload), sum)
 	for _, chunked := range []bool{false, true} {
-		req, _ := http.NewRequest(http.MethodPost, web+"/admin/v3/packages/function/t/n/p@v1", bytes.NewReader(payload))
-		if chunked {
-			req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(payload)), -1
-		}
 
-		resp, err := http.DefaultClient.Do(req)
+		code, got := upload(t, web+"/admin/v3/packages/function/t/n/p@v1", payload, chunked)
 
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || string(got) != want {
-			t.Fatalf("chunked %v: status %d, the broker read %q; want 200 and %q", chunked, resp.StatusCode, got, want)
+		if want := hashOf(payload); code != http.StatusOK || got != want {
+			t.Fatalf("chunked %v: status %d, the broker read %q; want 200 and %q", chunked, code, got, want)
 		}
 	}
 }
@@ -231,30 +247,16 @@ func TestWebPortStreamsABodyOverTheReplayLimit(t *testing.T) {
 // when a client uploads a body over the size the proxy holds to resend,
 // then the upload goes whole to the other broker, whichever broker round robin tries first.
 func TestWebPortStreamsABodyToTheNextBrokerWhenOneCannotBeReached(t *testing.T) {
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h := sha256.New()
-		n, _ := io.Copy(h, r.Body)
-		fmt.Fprintf(w, "%d %x", n, h.Sum(nil))
-	}))
-	defer up.Close()
 	dead := httptest.NewServer(http.NotFoundHandler())
 	dead.Close() // its port is free again: a dial there is refused
-	_, web := startWebProxy(t, dead.URL, up.URL)
+	_, web := startWebProxy(t, dead.URL, hashingBroker(t).URL)
 	payload := bytes.Repeat([]byte("0123456789abcdef"), (2*webReplayLimit)/16+1)
-	sum := sha256.Sum256(payload)
-	want := fmt.Sprintf("%d %x", len(payload), sum)
 	for i := 0; i < 2; i++ { // round robin: one of the two tries the dead broker first
-		req, _ := http.NewRequest(http.MethodPost, web+"/admin/v3/packages/function/t/n/p@v1", bytes.NewReader(payload))
 
-		resp, err := http.DefaultClient.Do(req)
+		code, got := upload(t, web+"/admin/v3/packages/function/t/n/p@v1", payload, false)
 
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || string(got) != want {
-			t.Fatalf("upload %d: status %d, the broker read %q; want 200 and %q", i, resp.StatusCode, got, want)
+		if want := hashOf(payload); code != http.StatusOK || got != want {
+			t.Fatalf("upload %d: status %d, the broker read %q; want 200 and %q", i, code, got, want)
 		}
 	}
 }
