@@ -78,7 +78,7 @@ type rawConn struct {
 	// makes one per record of at most 16 KiB.
 	held      bool
 	hold      []byte
-	lastWrite int64 // monotonicNow of the last write to the socket
+	lastWrite int64 // monotonicNow of the last direct write (tryWrite; the writer's spill writes are not counted)
 	writeGaps uint8 // writes in a row that came quickGap or more after the one before
 	// closed runs on the writer goroutine once it has closed the
 	// connection, so that a parked reader stops waiting for a dead socket.
@@ -197,7 +197,9 @@ func (r *rawConn) readChunk() (a *[connReadChunk]byte, n int, err error) {
 		a = readChunkPool.Get().(*[connReadChunk]byte)
 		for {
 			if r.readGaps >= sparseAfter { // every read until input comes closer, those finding none too
-				n, rerr = rawRead(int(fd), a[:])
+				// At most sparseMax+1 bytes: more ends the run, and the copy a raw call makes
+				// holding its P stays short.
+				n, rerr = rawRead(int(fd), a[:sparseMax+1])
 			} else {
 				n, rerr = unix.Read(int(fd), a[:])
 			}

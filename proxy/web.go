@@ -11,6 +11,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"path"
@@ -200,19 +201,22 @@ func (w *webProxy) roundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // roundTripStreamed sends r, whose body is over webReplayLimit, with its body streamed: it is
-// not held, so it is sent to one broker (whose redirect is answered 502). A broker that cannot be
-// reached has read none of it, so the next is tried, as for a held body; once a byte has gone,
-// no other broker is.
+// not held, so it is sent to one broker (whose redirect is answered 502). While a broker cannot
+// be reached the next is tried, as for a held body: net/http reads a body only once it has a
+// connection, so none of it has gone. Once any connection was made (a redirect's target that
+// cannot be dialled included), no other broker is tried.
 func (w *webProxy) roundTripStreamed(r *http.Request, start int, stream io.Reader) (*http.Response, error) {
 	var lastErr error
 	for i := range w.targets {
-		body := &untouched{r: stream}
+		var connected atomic.Bool // set on the transport's goroutine
+		trace := &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { connected.Store(true) }}
 		out := w.outgoing(r, w.targets[(start+i)%len(w.targets)])
-		out.Body, out.GetBody = io.NopCloser(body), nil // NopCloser: a failed attempt must not close r.Body
+		out = out.WithContext(httptrace.WithClientTrace(out.Context(), trace))
+		out.Body, out.GetBody = io.NopCloser(stream), nil // NopCloser: a failed attempt must not close r.Body
 		resp, err := w.clientFor(r).Do(out)
 		if err != nil {
 			lastErr = err
-			if unreachable(err) && !body.read {
+			if unreachable(err) && !connected.Load() {
 				continue
 			}
 			return nil, err
@@ -227,18 +231,6 @@ func (w *webProxy) roundTripStreamed(r *http.Request, start int, stream io.Reade
 		return resp, nil
 	}
 	return nil, lastErr
-}
-
-// untouched is a body that remembers whether anything read it: a streamed body may be offered to
-// another broker only while it is whole.
-type untouched struct {
-	r    io.Reader
-	read bool
-}
-
-func (u *untouched) Read(p []byte) (int, error) {
-	u.read = true
-	return u.r.Read(p)
 }
 
 // outgoing is r as sent to broker t, without its body.

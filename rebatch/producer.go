@@ -695,7 +695,7 @@ func (p *Producer) explode(f *wire.Frame, s *wire.Send) ([]msgRef, error) {
 		// A message sent alone: its own fields move from the outer metadata into a
 		// SingleMessageMetadata, where a batch keeps them.
 		p.single = md.AppendSingleMetadata(p.single[:0], len(payload))
-		// Filled in place, field by field: a msgRef literal would zero its 136-byte view
+		// Filled in place, field by field: a msgRef literal would zero its 144-byte view
 		// only for FillSingleMeta to write it again.
 		p.msgs = slices.Grow(p.msgs, 1)[:1]
 		m := &p.msgs[0]

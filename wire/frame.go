@@ -373,9 +373,6 @@ func (f Frame) ChecksummedBytes() []byte {
 	return f.b[f.mdOff-4:]
 }
 
-// ComputeChecksum returns the CRC32C of ChecksummedBytes.
-func (f Frame) ComputeChecksum() uint32 { return CRC32C(f.ChecksummedBytes()) }
-
 // VerifyChecksum checks the frame's CRC32C. It returns ErrNotPayloadFrame
 // for a simple frame, ErrNoChecksum when the block is absent and
 // ErrChecksum on a mismatch.
@@ -385,7 +382,7 @@ func (f Frame) VerifyChecksum() error {
 		return ErrNotPayloadFrame
 	case f.crcOff == 0:
 		return ErrNoChecksum
-	case binary.BigEndian.Uint32(f.b[f.crcOff:]) != CRC32C(f.b[f.mdOff-4:]): // Checksum, ComputeChecksum, inline: it runs per send
+	case binary.BigEndian.Uint32(f.b[f.crcOff:]) != CRC32C(f.b[f.mdOff-4:]): // Checksum and the CRC of ChecksummedBytes, inline: it runs per send
 		return ErrChecksum
 	}
 	return nil

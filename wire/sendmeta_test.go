@@ -86,12 +86,25 @@ func agree(t testing.TB, b []byte, exact bool) {
 		if err != nil {
 			t.Fatalf("ParseSingleMeta refuses what AppendSingleMetadata wrote: %v (%x)", err, got)
 		}
-		var known batch.SingleMeta
+		// Filled over another message's view, as the engine reuses its message list: every
+		// field must be written, none left from before.
+		known := staleSingleMeta
 		if m.FillSingleMeta(&known, got, size); !sameSingleMeta(known, parsed) {
 			t.Fatalf("SingleMeta\n got %+v\nwant %+v (parsed from %x)", known, parsed, got)
 		}
 	}
 }
+
+// staleSingleMeta is a message view with every field set, for FillSingleMeta to write over.
+var staleSingleMeta = func() batch.SingleMeta {
+	raw := []byte{0x0a, 0x06, 0x0a, 0x01, 'k', 0x12, 0x01, 'v', 0x12, 0x02, 'p', 'k', 0x18, 0x05, 0x20, 0x01, 0x28, 0x07,
+		0x30, 0x01, 0x3a, 0x02, 'o', 'k', 0x40, 0x09, 0x48, 0x01, 0x50, 0x01}
+	m, err := batch.ParseSingleMeta(raw)
+	if err != nil {
+		panic(err)
+	}
+	return m
+}()
 
 // sameSingleMeta compares two parsed SingleMessageMetadata field by field (a present empty
 // key may be nil in one and empty in the other: the flags say it is present).
