@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/apache/pulsar-client-go/pulsar"
+
 	"github.com/rebatchproxy/rebatchproxy/e2e/drivers"
 	"github.com/rebatchproxy/rebatchproxy/e2e/harness"
 )
@@ -119,6 +121,15 @@ func faultDuringDriverRun(t *testing.T, b *harness.Broker, d *drivers.Driver, pa
 		t.Fatal(err)
 	}
 	topic := "persistent://" + ns + "/t"
+	// A durable subscription keeps every ledger: without one (and without retention) the broker
+	// deletes the ledger a broker crash closes as soon as it is back, and the count below would
+	// miss its messages (a CI run lost exactly the 3,000 taken before the kill so).
+	keep, err := newClient(t, b.ServiceURL).Subscribe(pulsar.ConsumerOptions{Topic: topic, SubscriptionName: "keep",
+		SubscriptionInitialPosition: pulsar.SubscriptionPositionEarliest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep.Close()
 	pp := harness.StartProcessProxy(t, b, "policies:\n"+crashRule(ns, path, "'0', '1', '2'"))
 	spec := drivers.ProduceSpec{URL: pp.URL(), Topic: topic, Count: n, Batcher: "key-based", KeyMode: "seq", Keys: 50,
 		Properties: "i={i},region={i%5}", BatchDelay: drivers.Int(10), SendTimeout: drivers.Int(0),
