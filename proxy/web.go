@@ -169,62 +169,45 @@ func (w *webProxy) knownHost(u *url.URL) bool {
 
 // roundTrip sends r to the next broker (the next again if one cannot be
 // reached), following redirects to known brokers.
+//
+// A body over webReplayLimit is streamed, not held, so it is sent to one broker (whose redirect
+// is answered 502). It too is offered to the next broker while one cannot be reached: net/http
+// reads a body only once it has a connection, so none of it has gone. Once any connection was
+// made (a redirect's target that cannot be dialled included), no other broker is tried.
 func (w *webProxy) roundTrip(r *http.Request) (*http.Response, error) {
 	body, stream, err := holdBody(r)
 	if err != nil {
 		return nil, err
 	}
-	start := w.rr.Add(1)
-	if stream != nil {
-		return w.roundTripStreamed(r, int(start), stream)
-	}
+	start := int(w.rr.Add(1))
 	var lastErr error
 	for i := range w.targets {
-		out := w.outgoing(r, w.targets[(int(start)+i)%len(w.targets)])
-		if body != nil {
+		out := w.outgoing(r, w.targets[(start+i)%len(w.targets)])
+		var connected atomic.Bool // set on the transport's goroutine
+		switch {
+		case stream != nil:
+			trace := &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { connected.Store(true) }}
+			out = out.WithContext(httptrace.WithClientTrace(out.Context(), trace))
+			out.Body, out.GetBody = io.NopCloser(stream), nil // NopCloser: a failed attempt must not close r.Body
+		case body != nil:
 			out.Body = io.NopCloser(bytes.NewReader(body))
 			out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 			out.ContentLength = int64(len(body))
 		}
-		resp, err := w.clientFor(r).Do(out)
-		if err == nil {
-			return resp, nil
-		}
-		lastErr = err
-		if !unreachable(err) {
-			// The broker answered or may have taken the request (a timeout, a reset after
-			// sending): another broker would answer the same, or a POST would run twice.
-			break
-		}
-	}
-	return nil, lastErr
-}
-
-// roundTripStreamed sends r, whose body is over webReplayLimit, with its body streamed: it is
-// not held, so it is sent to one broker (whose redirect is answered 502). While a broker cannot
-// be reached the next is tried, as for a held body: net/http reads a body only once it has a
-// connection, so none of it has gone. Once any connection was made (a redirect's target that
-// cannot be dialled included), no other broker is tried.
-func (w *webProxy) roundTripStreamed(r *http.Request, start int, stream io.Reader) (*http.Response, error) {
-	var lastErr error
-	for i := range w.targets {
-		var connected atomic.Bool // set on the transport's goroutine
-		trace := &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { connected.Store(true) }}
-		out := w.outgoing(r, w.targets[(start+i)%len(w.targets)])
-		out = out.WithContext(httptrace.WithClientTrace(out.Context(), trace))
-		out.Body, out.GetBody = io.NopCloser(stream), nil // NopCloser: a failed attempt must not close r.Body
 		resp, err := w.clientFor(r).Do(out)
 		if err != nil {
 			lastErr = err
 			if unreachable(err) && !connected.Load() {
 				continue
 			}
+			// The broker answered or may have taken the request (a timeout, a reset after
+			// sending): another broker would answer the same, or a POST would run twice.
 			return nil, err
 		}
-		// Without GetBody net/http does not follow a 307 or 308 (they resend the body) and
-		// returns it (checkRedirect refuses the others); the client must not be sent to the
-		// broker it names (contract 6).
-		if resp.StatusCode == http.StatusTemporaryRedirect || resp.StatusCode == http.StatusPermanentRedirect {
+		// Without GetBody net/http does not follow a 307 or 308 of a streamed body (they
+		// resend the body) and returns it (checkRedirect refuses the others); the client must
+		// not be sent to the broker it names (contract 6).
+		if stream != nil && (resp.StatusCode == http.StatusTemporaryRedirect || resp.StatusCode == http.StatusPermanentRedirect) {
 			resp.Body.Close()
 			return nil, fmt.Errorf("%w (%d bytes)", errStreamedRedirect, webReplayLimit)
 		}
