@@ -54,6 +54,7 @@ type result struct {
 	n          int
 	elapsed    time.Duration
 	cpu        time.Duration // CPU time of the proxy process during the run (0 for direct)
+	sysCPU     time.Duration // the part of cpu spent in the kernel (system time)
 	clientCPU  time.Duration // CPU time of this process (the client) during the run
 	brokerCPU  time.Duration // CPU time of the broker process (with -broker-pid)
 }
@@ -202,6 +203,7 @@ func combine(acc, x result, first bool) result {
 	out.n += x.n
 	out.elapsed += x.elapsed
 	out.cpu += x.cpu
+	out.sysCPU += x.sysCPU
 	out.clientCPU += x.clientCPU
 	out.brokerCPU += x.brokerCPU
 	return out
@@ -210,9 +212,11 @@ func combine(acc, x result, first bool) result {
 var brokerPID int
 
 func measure(t target, w workload) result {
-	before, cl, br := procCPU(t.pid), selfCPU(), procCPU(brokerPID)
+	user0, sys0 := procCPUSplit(t.pid)
+	cl, br := selfCPU(), procCPU(brokerPID)
 	r := run(t.url, w)
-	r.cpu = procCPU(t.pid) - before
+	user1, sys1 := procCPUSplit(t.pid)
+	r.cpu, r.sysCPU = user1+sys1-user0-sys0, sys1-sys0
 	r.clientCPU = selfCPU() - cl
 	r.brokerCPU = procCPU(brokerPID) - br
 	return r
@@ -230,7 +234,7 @@ func selfCPU() time.Duration {
 func printRow(w workload, targets []target, res []result) {
 	fmt.Printf("%s (%d messages per run)\n", w.name, w.n)
 	fmt.Printf("  %-7s %10s %8s %8s %8s %10s %12s %9s %9s   %s\n", "target", "msg/s", "MB/s", "p50 ms", "p99 ms", "proxy CPU", "msg/CPU-s", "thr/dir", "+p50 ms",
-		"CPU ms per 1000 msgs: proxy client broker")
+		"CPU ms per 1000 msgs: proxy (kernel) client broker")
 	d := res[0]
 	for i, t := range targets {
 		r := res[i]
@@ -247,8 +251,12 @@ func printRow(w workload, targets []target, res []result) {
 			}
 			return fmt.Sprintf("%.1f", c.Seconds()*1e6/float64(r.n))
 		}
+		proxy := per1k(r.cpu)
+		if r.cpu > 0 {
+			proxy += " (" + per1k(r.sysCPU) + ")"
+		}
 		fmt.Printf("  %-7s %10.0f %8.1f %8s %8s %10s %12s %8.2fx %+9.2f   %s %s %s\n", t.name, r.msgs, r.mbps, ms(r.p50), ms(r.p99),
-			cpu, per, r.msgs/d.msgs, float64(r.p50-d.p50)/1e6, per1k(r.cpu), per1k(r.clientCPU), per1k(r.brokerCPU))
+			cpu, per, r.msgs/d.msgs, float64(r.p50-d.p50)/1e6, proxy, per1k(r.clientCPU), per1k(r.brokerCPU))
 	}
 	fmt.Println()
 }
@@ -376,6 +384,18 @@ func idleCPU(pid int) time.Duration {
 	before := procCPU(pid)
 	time.Sleep(2 * time.Second)
 	return procCPU(pid) - before
+}
+
+// procCPUSplit returns the user and the system CPU time of process pid (all threads); 0 for pid 0.
+func procCPUSplit(pid int) (user, sys time.Duration) {
+	if pid == 0 {
+		return 0, 0
+	}
+	user, sys, err := harness.ProcCPUSplit(pid)
+	if err != nil {
+		fail(fmt.Errorf("CPU time of process %d: %w", pid, err))
+	}
+	return user, sys
 }
 
 // procCPU returns the user+system CPU time of process pid (all threads); 0 for pid 0.
