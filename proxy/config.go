@@ -113,6 +113,13 @@ type Config struct {
 	// BrokerWebURLs are the brokers' web service URLs (http:// or https://),
 	// required with a web port; requests go to them round robin.
 	BrokerWebURLs []string
+	// FunctionWorkerWebURLs are the web service URLs of functions workers that
+	// run apart from the brokers (http:// or https://): the Pulsar Functions,
+	// sources, sinks and worker admin paths go to them (round robin) instead of
+	// to the brokers, as Pulsar's proxy does with functionWorkerWebServiceURL
+	// (web_routes.go). Empty: every admin path goes to the brokers (which serve
+	// those paths themselves when they run the worker).
+	FunctionWorkerWebURLs []string
 	// WebTimeout bounds one web request, redirects followed included.
 	WebTimeout time.Duration
 
@@ -228,6 +235,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("tls-cert / tls-client-ca: given without tls-listen, web-tls-listen or broker-ports-tls-listen")
 	case (c.WebListen != "" || c.WebTLSListen != "") && len(c.BrokerWebURLs) == 0:
 		return fmt.Errorf("web-listen / web-tls-listen: needs broker-web-url")
+	case len(c.FunctionWorkerWebURLs) > 0 && c.WebListen == "" && c.WebTLSListen == "":
+		return fmt.Errorf("function-worker-web-url: given without web-listen or web-tls-listen")
 	case c.WebTimeout <= 0:
 		return fmt.Errorf("web-timeout: must be > 0")
 	case c.HandoffTimeout <= 0:
@@ -258,7 +267,7 @@ func (c *Config) Validate() error {
 // httpsBrokerWeb reports whether some broker web URL is https:// (the
 // broker TLS settings apply to it).
 func (c *Config) httpsBrokerWeb() bool {
-	for _, u := range c.BrokerWebURLs {
+	for _, u := range append(c.BrokerWebURLs[:len(c.BrokerWebURLs):len(c.BrokerWebURLs)], c.FunctionWorkerWebURLs...) {
 		if strings.HasPrefix(u, "https://") {
 			return true
 		}

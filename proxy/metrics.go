@@ -123,9 +123,10 @@ const (
 	webForwarded = iota
 	webRefused
 	webBrokerError
+	webToWorker
 )
 
-var webResults = [...]string{"forwarded", "refused", "broker_error"}
+var webResults = [...]string{"forwarded", "refused", "broker_error", "forwarded_functions_worker"}
 
 // Managed Key_Shared events (rebatchproxy_keyshared_events_total), by index.
 const (
@@ -211,7 +212,7 @@ func newMetrics() *metrics {
 		descTLSFailures: prometheus.NewDesc("rebatchproxy_tls_handshake_failures_total",
 			"Connections to the TLS listener closed because their TLS handshake failed (plaintext, untrusted or missing client certificate, timeout).", nil, nil),
 		descWeb: prometheus.NewDesc("rebatchproxy_web_requests_total",
-			"Web port requests: forwarded to a broker, refused by the proxy (a path it does not forward, a body too large), or failed towards the brokers (unreachable, a redirect not followed).", []string{"result"}, nil),
+			"Web port requests: forwarded to a broker, forwarded to a functions worker (function-worker-web-url), refused by the proxy (a path it does not forward, a body too large), or failed towards the brokers or workers (unreachable, a redirect not followed).", []string{"result"}, nil),
 		descKeyShared: prometheus.NewDesc("rebatchproxy_keyshared_events_total",
 			"Proxy-managed Key_Shared subscriptions (buckets policy): buckets granted to a consumer (grant), consumers released for a rebalance (release) "+
 				"after acknowledging everything they were sent (drained) or when key-shared-handoff-timeout passed first (drain_timeout: the broker redelivers what was unacknowledged), "+

@@ -68,10 +68,11 @@ var webPrefixes = []string{"/admin/", "/lookup/"}
 // webProxy forwards the web port's requests. Its methods are called by
 // net/http on its own goroutines.
 type webProxy struct {
-	srv     *Server
-	targets []*url.URL
-	rr      atomic.Uint32
-	client  *http.Client
+	srv *Server
+	// brokers and workers are the configured web targets: the brokers', and the functions
+	// workers' (web_routes.go), often none.
+	brokers, workers webRoute
+	client           *http.Client
 	// roleClient presents the proxy's certificate (web_auth.go); nil unless the proxy's
 	// credential towards the brokers is its certificate.
 	roleClient *http.Client
@@ -97,12 +98,12 @@ func (w *webProxy) reserve(n int64) bool {
 
 func newWebProxy(srv *Server) (*webProxy, error) {
 	w := &webProxy{srv: srv}
-	for _, u := range srv.cfg.BrokerWebURLs {
-		pu, err := url.Parse(u)
-		if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
-			return nil, fmt.Errorf("broker-web-url: %q is not an http:// or https:// URL", u)
-		}
-		w.targets = append(w.targets, pu)
+	var err error
+	if w.brokers.targets, err = parseWebURLs("broker-web-url", srv.cfg.BrokerWebURLs); err != nil {
+		return nil, err
+	}
+	if w.workers.targets, err = parseWebURLs("function-worker-web-url", srv.cfg.FunctionWorkerWebURLs); err != nil {
+		return nil, err
 	}
 	plain, role, err := w.webTransports()
 	if err != nil {
@@ -156,19 +157,22 @@ func keepAuthorization(req *http.Request, via []*http.Request) {
 	}
 }
 
-// knownHost reports whether u names a configured broker web URL's host:port
-// or the host of a broker the proxy may dial (configured or learned).
+// knownHost reports whether u names a configured web URL's host:port (a broker's or a
+// functions worker's) or the host of a broker the proxy may dial (configured or learned).
 func (w *webProxy) knownHost(u *url.URL) bool {
-	for _, t := range w.targets {
-		if t.Host == u.Host {
-			return true
+	for _, g := range [...]*webRoute{&w.brokers, &w.workers} {
+		for _, t := range g.targets {
+			if t.Host == u.Host {
+				return true
+			}
 		}
 	}
 	return w.srv.known.hasHost(u.Hostname())
 }
 
 // roundTrip sends r to the next broker (the next again if one cannot be
-// reached), following redirects to known brokers.
+// reached), following redirects to known brokers; a functions path goes to the functions
+// workers instead when the proxy has their URLs (web_routes.go), in the same way.
 //
 // A body over webReplayLimit is streamed, not held, so it is sent to one broker (whose redirect
 // is answered 502). It too is offered to the next broker while one cannot be reached: net/http
@@ -179,10 +183,11 @@ func (w *webProxy) roundTrip(r *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	start := int(w.rr.Add(1))
+	route := w.routeOf(r.URL.Path)
+	start := int(route.rr.Add(1))
 	var lastErr error
-	for i := range w.targets {
-		out := w.outgoing(r, w.targets[(start+i)%len(w.targets)])
+	for i := range route.targets {
+		out := w.outgoing(r, route.targets[(start+i)%len(route.targets)])
 		var connected atomic.Bool // set on the transport's goroutine
 		switch {
 		case stream != nil:
@@ -306,26 +311,27 @@ func (w *webProxy) rewriteLookupAnswer(resp *http.Response) error {
 
 func (w *webProxy) fail(rw http.ResponseWriter, r *http.Request, err error) {
 	w.srv.m.web[webBrokerError].Add(1)
-	w.srv.log.Warn("web request not forwarded", "method", r.Method, "path", r.URL.Path, "client", r.RemoteAddr, "reason", err.Error())
-	http.Error(rw, "proxy: "+clientReason(err), http.StatusBadGateway)
+	target := w.routeName(r.URL.Path)
+	w.srv.log.Warn("web request not forwarded", "method", r.Method, "path", r.URL.Path, "client", r.RemoteAddr, "target", target, "reason", err.Error())
+	http.Error(rw, "proxy: "+clientReason(err, target), http.StatusBadGateway)
 }
 
 // clientReason is what the client is told of err: the proxy's own reasons as they are, and of
-// a failed exchange with a broker (a *url.Error, which names the broker's address: that stays
-// in the log) only its kind.
-func clientReason(err error) string {
+// a failed exchange with a target (a *url.Error, which names the target's address: that stays
+// in the log) only its kind. target is what the request went to: "broker" or "functions worker".
+func clientReason(err error, target string) string {
 	var ue *url.Error
 	switch {
 	case !errors.As(err, &ue):
 		return err.Error()
 	case errors.Is(err, errRedirectRefused):
-		return "a broker redirected the request in a way the proxy does not follow (to a host that is not a known broker, too many times, or without its body)"
+		return "a " + target + " redirected the request in a way the proxy does not follow (to a host that is not a known broker or worker, too many times, or without its body)"
 	case ue.Timeout():
-		return "no answer from a broker within the web timeout"
+		return "no answer from a " + target + " within the web timeout"
 	case unreachable(err):
-		return "no broker could be reached"
+		return "no " + target + " could be reached"
 	default:
-		return "the exchange with the broker failed"
+		return "the exchange with the " + target + " failed"
 	}
 }
 
@@ -363,7 +369,11 @@ func (w *webProxy) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer w.held.Add(-need)
-	w.srv.m.web[webForwarded].Add(1)
+	if w.routeOf(r.URL.Path) == &w.workers {
+		w.srv.m.web[webToWorker].Add(1)
+	} else {
+		w.srv.m.web[webForwarded].Add(1)
+	}
 	w.rp.ServeHTTP(rw, r)
 }
 

@@ -25,6 +25,7 @@ type options struct {
 	brokerURLs     listValue
 	allowedBrokers listValue
 	brokerWebURLs  listValue
+	workerWebURLs  listValue
 	webListen      string
 	webTLSListen   string
 	brokerPorts    string
@@ -97,6 +98,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.webListen, "web-listen", "", "`host:port` of the web port (HTTP): the brokers' admin REST API (/admin/...) and HTTP lookups (/lookup/...) forwarded to --broker-web-url, broker redirects followed by the proxy")
 	fs.StringVar(&o.webTLSListen, "web-tls-listen", "", "`host:port` of the web port over HTTPS (with --tls-cert, --tls-key, --tls-client-ca)")
 	fs.Var(&o.brokerWebURLs, "broker-web-url", "web service URL of the brokers, http://host:8080 or https://host:8443 (required with a web port; repeat or comma-separate; requests go to them round robin; https:// uses the broker-tls-* settings)")
+	fs.Var(&o.workerWebURLs, "function-worker-web-url", "web service URL of functions workers that run apart from the brokers, http://host:6750 or https://host:6751 (repeat or comma-separate): the admin paths of Pulsar Functions, sources, sinks and workers (/admin[/v2|/v3]/functions|sources|sinks|worker|worker-stats/...) go to them round robin instead of to --broker-web-url, as Pulsar's proxy does with functionWorkerWebServiceURL; empty: the brokers serve them (their own functions worker)")
 	fs.DurationVar(&o.webTimeout, "web-timeout", d.WebTimeout, "time allowed for one web request, broker redirects included")
 	fs.StringVar(&o.brokerPorts, "broker-ports-listen", "", "`host:port` from which the proxy listens on one port per --broker-url (port, port+1, ...; 0: any free ports), for clients whose service URL is the web port (http://): HTTP lookup answers then name the broker's port on the proxy, and a client connecting there is sent to that broker (needs --web-listen or --web-tls-listen)")
 	fs.StringVar(&o.brokerPortsTLS, "broker-ports-tls-listen", "", "`host:port`: the same over TLS (with --tls-cert, --tls-key, --tls-client-ca), named in HTTP lookup answers' brokerUrlTls, for https:// service URLs")
@@ -322,6 +324,7 @@ func (o *options) proxyConfig() (proxy.Config, error) {
 	c.MaxConcurrentLookups, c.EventLoops, c.ReadBufferCap = o.maxLookups, o.eventLoops, int(o.readBuffer)
 	c.TLSListen, c.TLSCertFile, c.TLSKeyFile, c.TLSClientCAFile = o.tlsListen, o.tlsCert, o.tlsKey, o.tlsClientCA
 	c.WebListen, c.WebTLSListen, c.BrokerWebURLs, c.WebTimeout = o.webListen, o.webTLSListen, o.brokerWebURLs, o.webTimeout
+	c.FunctionWorkerWebURLs = o.workerWebURLs
 	c.BrokerPortsListen, c.BrokerPortsTLSListen, c.AdvertisedHost = o.brokerPorts, o.brokerPortsTLS, o.advertisedHost
 	c.HandoffTimeout, c.KeySharedAwayTimeout = o.handoffTimeout, o.ksAwayTimeout
 	c.MaxLookupRedirects, c.LookupTimeout, c.MaxConnectionLookups = o.maxRedirects, o.lookupTimeout, o.maxConnLookups

@@ -101,3 +101,28 @@ func (c *Cluster) Stop() error {
 }
 
 func clusterScript() string { return filepath.Join(RepoRoot(), "e2e", "pulsar", "cluster.sh") }
+
+// StartFunctionsWorker starts a functions worker apart from the cluster's brokers (which run
+// none: cluster.sh sets functionsWorkerEnabled=false), as production clusters with separate
+// workers run them (`bin/pulsar functions-worker`), and returns its web service URL once it
+// serves. Stop stops it with the cluster. Functions run as threads inside the worker.
+func (c *Cluster) StartFunctionsWorker(ctx context.Context) (string, error) {
+	cmd := exec.CommandContext(ctx, clusterScript(), "worker")
+	cmd.Env = c.env
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("%s worker: %w", clusterScript(), err)
+	}
+	envCmd := exec.CommandContext(ctx, clusterScript(), "env")
+	envCmd.Env = c.env
+	out, err := envCmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("%s env: %w", clusterScript(), err)
+	}
+	for sc := bufio.NewScanner(bytes.NewReader(out)); sc.Scan(); {
+		if v, ok := strings.CutPrefix(sc.Text(), "PULSAR_FUNCTIONS_WORKER_URL="); ok {
+			return v, nil
+		}
+	}
+	return "", fmt.Errorf("%s env names no functions worker after %s worker", clusterScript(), clusterScript())
+}

@@ -9,6 +9,8 @@
 #   e2e/pulsar/cluster.sh start     fetch if needed, start a fresh cluster, wait until every broker is ready
 #   e2e/pulsar/cluster.sh stop      stop every process (brokers first) and wipe the data
 #   e2e/pulsar/cluster.sh env       print the cluster's URLs as shell assignments
+#   e2e/pulsar/cluster.sh worker    start a functions worker apart from the brokers (which run
+#                                   none) for the running cluster, and wait until it serves
 #
 # Settings (environment; defaults in brackets):
 #   PULSAR_VERSION           server distribution version [4.0.8]
@@ -24,7 +26,9 @@
 # Ports are picked free at start and kept in $run/ports. Memory, sized for 2-core, 24 GiB
 # machines: ZooKeeper 256 MiB heap, the bookie 512 MiB, each broker 512 MiB (plus direct memory).
 # env prints PULSAR_SERVICE_URL and PULSAR_ADMIN_URL (the first broker), PULSAR_BROKER_URLS and
-# PULSAR_ADMIN_URLS (every broker, comma-separated) and PULSAR_CLUSTER_NAME.
+# PULSAR_ADMIN_URLS (every broker, comma-separated) and PULSAR_CLUSTER_NAME, and
+# PULSAR_FUNCTIONS_WORKER_URL once `worker` has run (its heap: 256 MiB; functions run as threads
+# inside it, not as processes).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -210,6 +214,62 @@ EOF
   log "Apache Pulsar $PULSAR_VERSION cluster '$cluster' ready in $((SECONDS - t0)) s: ZooKeeper 127.0.0.1:$zk, bookie 127.0.0.1:$bookie, $PULSAR_CLUSTER_BROKERS brokers ($(cmd_env | grep PULSAR_BROKER_URLS | cut -d= -f2)), instance $PULSAR_INSTANCE, dedup=$PULSAR_DEDUP"
 }
 
+# configure_yaml SRC DEST: copies a YAML config file, replacing the top-level keys given on stdin
+# ("key: value" lines, a key's nested lines indented under it).
+configure_yaml() {
+  local src=$1 dest=$2 over; over=$(cat)
+  python3 - "$src" "$dest" "$over" <<'PY'
+import sys
+src, dest, over = sys.argv[1], sys.argv[2], sys.argv[3]
+keys = {l.split(":", 1)[0] for l in over.splitlines() if ":" in l and l[:1] not in (" ", "#")}
+kept, skipping = [], False
+with open(src) as f:
+    for l in f:
+        if l[:1] not in (" ", "\t", "#", "-", "\n") and ":" in l:
+            skipping = l.split(":", 1)[0] in keys
+        elif l[:1] not in (" ", "\t", "-"):
+            skipping = False
+        if not skipping:
+            kept.append(l)
+with open(dest, "w") as f:
+    f.writelines(kept)
+    f.write("\n### e2e overrides (e2e/pulsar/cluster.sh)\n" + over + "\n")
+PY
+}
+
+worker_ready() { curl -fsS --max-time 5 "http://127.0.0.1:$1/admin/v2/worker/cluster" | grep -q workerId; }
+
+cmd_worker() {
+  [ -f "$run/ports" ] || die "cluster instance '$PULSAR_INSTANCE' was not started"
+  # shellcheck disable=SC1091
+  . "$run/ports"
+  alive broker1 || die "cluster instance '$PULSAR_INSTANCE' has no running broker"
+  if alive worker; then log "functions worker already running on port $worker"; return; fi
+  local port; port=$(free_port)
+  sed -i '/^worker=/d' "$run/ports"; echo "worker=$port" >>"$run/ports"
+  mkdir -p "$run/data/worker"
+  configure_yaml "$dist/conf/functions_worker.yml" "$run/conf/functions_worker.yml" <<EOF
+workerId: e2e-worker-$port
+workerHostname: 127.0.0.1
+workerPort: $port
+workerPortTls: null
+configurationMetadataStoreUrl: zk:127.0.0.1:$zk
+pulsarServiceUrl: pulsar://127.0.0.1:$broker1
+pulsarWebServiceUrl: http://127.0.0.1:$web1
+pulsarFunctionsCluster: $cluster
+downloadDirectory: $run/data/worker/download
+numFunctionPackageReplicas: 1
+numHttpServerThreads: 4
+functionRuntimeFactoryClassName: org.apache.pulsar.functions.runtime.thread.ThreadRuntimeFactory
+functionRuntimeFactoryConfigs:
+  threadGroupName: e2e-functions
+EOF
+  local t0=$SECONDS
+  PULSAR_WORKER_CONF="$run/conf/functions_worker.yml" spawn worker 256m functions-worker
+  wait_for worker "serving on $port" worker_ready "$port"
+  log "functions worker ready in $((SECONDS - t0)) s: http://127.0.0.1:$port (cluster '$cluster')"
+}
+
 stop_one() {
   local name=$1 pid
   [ -f "$run/$name.pid" ] || return 0
@@ -225,6 +285,7 @@ stop_one() {
 
 cmd_stop() {
   [ -d "$run" ] || return 0
+  stop_one worker
   for f in "$run"/broker*.pid; do [ -e "$f" ] && stop_one "$(basename "$f" .pid)"; done
   stop_one bookie
   stop_one zookeeper
@@ -247,11 +308,13 @@ cmd_env() {
   echo "PULSAR_ADMIN_URLS=$webs"
   echo "PULSAR_CLUSTER_NAME=$cluster"
   echo "PULSAR_HOME=$dist"
+  if [ -n "${worker:-}" ]; then echo "PULSAR_FUNCTIONS_WORKER_URL=http://127.0.0.1:$worker"; fi
 }
 
 case "${1:-}" in
   start) cmd_start ;;
   stop) cmd_stop ;;
   env) cmd_env ;;
-  *) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  worker) cmd_worker ;;
+  *) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
