@@ -169,6 +169,7 @@ type engine struct {
 	noted       uint8 // reasons already logged for sends forwarded as built (see account)
 	// The counters account adds to after every send and receipt, looked up once.
 	sendsC, builtC, verbatimC prometheus.Counter
+	flushC                    [len(flushReasons)]prometheus.Counter // by flushReasons' index
 	// shared: the engine writes through its topic's shared lane (merge_producers), whose
 	// receipts it may take for the other members' sends (see emit).
 	shared bool
@@ -766,24 +767,29 @@ func (r *rebatchPath) account(e *engine) {
 	if v := d(s.EntriesVerbatim, e.last.EntriesVerbatim); v > 0 {
 		e.verbatimC.Add(v)
 	}
-	for _, f := range []struct {
-		reason     string
-		now, since uint64
-	}{
-		{"max_messages", s.FlushMaxMessages, e.last.FlushMaxMessages},
-		{"max_bytes", s.FlushMaxBytes, e.last.FlushMaxBytes},
-		{"max_delay", s.FlushDelay, e.last.FlushDelay},
-		{"group_change", s.FlushGroup, e.last.FlushGroup},
-		{"key_change", s.FlushKeys, e.last.FlushKeys},
-		{"explicit", s.FlushExplicit, e.last.FlushExplicit},
-		{"idle", s.FlushIdle, e.last.FlushIdle},
-	} {
-		if v := d(f.now, f.since); v > 0 {
-			r.m.flushes.WithLabelValues(e.kind, f.reason).Add(v)
+	flushes := [len(flushReasons)][2]uint64{
+		{s.FlushMaxMessages, e.last.FlushMaxMessages},
+		{s.FlushMaxBytes, e.last.FlushMaxBytes},
+		{s.FlushDelay, e.last.FlushDelay},
+		{s.FlushGroup, e.last.FlushGroup},
+		{s.FlushKeys, e.last.FlushKeys},
+		{s.FlushExplicit, e.last.FlushExplicit},
+		{s.FlushIdle, e.last.FlushIdle},
+	}
+	for i, f := range flushes {
+		if v := d(f[0], f[1]); v > 0 {
+			if e.flushC[i] == nil {
+				e.flushC[i] = r.m.flushes.WithLabelValues(e.kind, flushReasons[i])
+			}
+			e.flushC[i].Add(v)
 		}
 	}
 	e.last = s
 }
+
+// flushReasons are the reason labels of rebatchproxy_rebatch_flushes_total, in the order
+// account counts them.
+var flushReasons = [...]string{"max_messages", "max_bytes", "max_delay", "group_change", "key_change", "explicit", "idle"}
 
 func (r *rebatchPath) drop(id uint64, e *engine) {
 	if r.producers[id] != e {

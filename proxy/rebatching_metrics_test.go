@@ -1,0 +1,76 @@
+package proxy
+
+import (
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rebatchproxy/rebatchproxy/chunkdedup"
+	"github.com/rebatchproxy/rebatchproxy/rebatch"
+	"github.com/rebatchproxy/rebatchproxy/route"
+	"github.com/rebatchproxy/rebatchproxy/wire"
+	"github.com/rebatchproxy/rebatchproxy/wire/pulsarpb"
+)
+
+// Given a coalesce producer (max_messages 2, max_delay 10 ms) with the metrics on,
+// when it sends eight messages one at a time while its first entry is unacknowledged, and the
+// clock then passes the open batch's deadline,
+// then rebatchproxy_rebatch_flushes_total counts, under each reason, exactly the engine's own
+// count of flushes for that reason, and the sends counter the client's sends.
+func TestFlushMetricsCountTheEnginesFlushesByReason(t *testing.T) {
+	m, err := route.NewMatcher([]route.Rule[rebatch.Policy]{{Pattern: "a/b/*", Policy: rebatch.Policy{
+		Kind: rebatch.Coalesce, MaxMessages: 2, MaxDelay: 10 * time.Millisecond}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	metrics := NewRebatchMetrics()
+	p := RebatchPaths(NewPolicies(m), metrics, NewChunkDedup(chunkdedup.Config{}), slog.New(slog.NewTextHandler(io.Discard, nil)))(
+		ConnInfo{ID: 1, MaxMessageSize: 5 << 20, Now: func() time.Time { return now }})
+	out := captureOut{t, &capture{}}
+	if _, err := p.FromClient(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER.Enum(), Producer: &pulsarpb.CommandProducer{
+		Topic: proto.String("persistent://a/b/t"), ProducerId: proto.Uint64(1), RequestId: proto.Uint64(11)}}), out); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.FromBroker(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER_SUCCESS.Enum(), ProducerSuccess: &pulsarpb.CommandProducerSuccess{
+		RequestId: proto.Uint64(11), ProducerName: proto.String("p1"), LastSequenceId: proto.Int64(-1)}}), out); err != nil {
+		t.Fatal(err)
+	}
+	for seq := range uint64(8) {
+		b, err := wire.AppendSendFrameMetadata(nil, &wire.Send{ProducerID: 1, SequenceID: seq},
+			&pulsarpb.MessageMetadata{ProducerName: proto.String("p1"), SequenceId: proto.Uint64(seq), PublishTime: proto.Uint64(1)}, make([]byte, 10))
+		if _, err := p.FromClient(frameOf(t, b, err), out); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	now = now.Add(20 * time.Millisecond)
+	if err := p.Tick(now, out); err != nil {
+		t.Fatal(err)
+	}
+
+	s := p.(*rebatchPath).producers[1].p.Stats()
+	engine := map[string]uint64{"max_messages": s.FlushMaxMessages, "max_bytes": s.FlushMaxBytes, "max_delay": s.FlushDelay,
+		"group_change": s.FlushGroup, "key_change": s.FlushKeys, "explicit": s.FlushExplicit, "idle": s.FlushIdle}
+	reasons := 0
+	for reason, n := range engine {
+		got := testutil.ToFloat64(metrics.flushes.WithLabelValues("coalesce", reason))
+		if got != float64(n) {
+			t.Errorf("flushes{reason=%q} = %v, the engine counted %d", reason, got, n)
+		}
+		if n > 0 {
+			reasons++
+		}
+	}
+	if reasons < 2 {
+		t.Errorf("the workload flushed for %d reasons (%v); the spec needs at least two to tell them apart", reasons, engine)
+	}
+	if got := testutil.ToFloat64(metrics.sends.WithLabelValues("coalesce")); got != 8 {
+		t.Errorf("sends counted %v, want 8", got)
+	}
+	t.Logf("engine flushes by reason: %v", engine)
+}
