@@ -137,9 +137,6 @@ func runOnLoop(x executor, f func()) error {
 	return x.run(f)
 }
 
-// connReadChunk is what one read hands the session at most.
-const connReadChunk = 64 << 10
-
 // closeFlushTimeout bounds writing what is queued for a side being closed
 // (a variable only so that specs can wait less).
 var closeFlushTimeout = 5 * time.Second
@@ -160,6 +157,9 @@ type connSide struct {
 	// tlsMore is the reader's: its last read over TLS filled its buffer, so
 	// crypto/tls or raw may hold records already received.
 	tlsMore bool
+	// streaming is the reader's: its last read over TLS would have filled a
+	// small array, so the next takes a large one (connside_chunks.go).
+	streaming bool
 	// gone is loop-owned: finish ran.
 	gone bool
 
@@ -182,6 +182,7 @@ func newConnSide(l executor, e *end, c net.Conn) *connSide {
 	// The handshake may have read records past its own: take them first.
 	k.tlsMore = k.raw.readBuffered
 	k.raw.closed = k.socketClosed
+	k.raw.largeReads = func() bool { return e.s.softLimit() >= largeReadsFrom }
 	k.raw.start()
 	k.cond = sync.NewCond(&k.mu)
 	if cl, ok := l.(*connLoop); ok {
@@ -201,7 +202,7 @@ func newConnSide(l executor, e *end, c net.Conn) *connSide {
 // decryption) overlaps the session's work instead of waiting for it.
 const readAhead = 2
 
-// The reader's buffers. Each read goes into an array of readChunkPool,
+// The reader's buffers. Each read goes into a pooled array (connside_chunks.go),
 // borrowed once the socket is readable (rawConn.readChunk); the session
 // takes it as its input as it is, with nothing left unconsumed before it,
 // or appends it to what is, and returns every array it no longer needs to
@@ -224,9 +225,8 @@ func (k *connSide) reader() {
 		}
 		k.mu.Unlock()
 		<-turns
-		a, n, err := k.read()
-		if n > 0 {
-			b := a[:n]
+		b, err := k.read()
+		if len(b) > 0 {
 			if runOnLoop(k.l, func() {
 				k.input(b)
 				select {
@@ -234,7 +234,7 @@ func (k *connSide) reader() {
 				default:
 				}
 			}) != nil {
-				readChunkPool.Put(a)
+				putReadChunk(b)
 				return
 			}
 		} else {
@@ -247,21 +247,20 @@ func (k *connSide) reader() {
 	}
 }
 
-// read waits for input and returns it in an array of readChunkPool (n > 0),
-// or no array. Over TLS it first waits for the socket (holding no buffer)
+// read waits for input and returns it at the start of a pooled array (some
+// bytes), or nothing. Over TLS it first waits for the socket (holding no buffer)
 // and then takes every record already received: crypto/tls returns one
 // record per Read, and a session handed each on its own writes each frame
 // of a stream of small ones with a TLS record and a write(2) of its own.
 // Runs on the reader.
-func (k *connSide) read() (*[connReadChunk]byte, int, error) {
+func (k *connSide) read() ([]byte, error) {
 	if !k.raw.readBuffered {
 		return k.raw.readChunk()
 	}
 	if !k.tlsMore {
 		k.raw.fill()
 	}
-	a := readChunkPool.Get().(*[connReadChunk]byte)
-	buf := a[:]
+	buf := getReadChunk((k.streaming || k.raw.streaming) && k.raw.largeReads())
 	n := 0
 	var err error
 	k.raw.noWait = true
@@ -283,11 +282,12 @@ func (k *connSide) read() (*[connReadChunk]byte, int, error) {
 	// A full buffer may leave records, or a record's rest, in crypto/tls
 	// or in raw: the next read takes them before it waits.
 	k.tlsMore = n == len(buf)
+	k.streaming = streamingAfter(n)
 	if n == 0 {
-		readChunkPool.Put(a)
-		return nil, 0, err
+		putReadChunk(buf)
+		return nil, err
 	}
-	return a, n, err
+	return buf[:n], err
 }
 
 // input hands the session b, just read (in an array of readChunkPool).
@@ -308,14 +308,6 @@ func (k *connSide) input(b []byte) {
 		k.in, k.inBase = b, b[:cap(b)]
 	}
 	k.handle()
-}
-
-// putReadChunk returns the array b begins to readChunkPool; an array of
-// another size (input grown past one read) is left to the collector.
-func putReadChunk(b []byte) {
-	if cap(b) == connReadChunk {
-		readChunkPool.Put((*[connReadChunk]byte)(b[:connReadChunk]))
-	}
 }
 
 // appendInput appends b to the unconsumed input, moving it to the front of its array first

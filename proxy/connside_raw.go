@@ -60,10 +60,13 @@ type rawConn struct {
 	lastRead     int64  // monotonicNow of the last read that returned input; the reader's
 	readGaps     uint8  // reads with input in a row that came quickGap or more after the one before; the reader's
 	noWait       bool   // a Read finding rbuf empty fails at once (os.ErrDeadlineExceeded)
-	rbuf         []byte // read from the socket, not yet taken (from roff on); nil when empty
-	rarr         *[connReadChunk]byte
+	rbuf         []byte // read from the socket, not yet taken (from roff on), at the start of a pooled array; nil when empty
 	roff         int
-	rerr         error // the read error met by fill; Read returns it once rbuf is taken
+	streaming    bool // the last read would have filled a small array (connside_chunks.go); the reader's
+	// largeReads reports whether a streaming read may take a large array (the session's soft
+	// limit allows it); nil: never. Any goroutine may call it.
+	largeReads func() bool
+	rerr       error // the read error met by fill; Read returns it once rbuf is taken
 
 	mu      sync.Mutex
 	cond    *sync.Cond
@@ -110,10 +113,6 @@ var clockBase = time.Now()
 // sealPiece is the most a connSide hands crypto/tls in one gathered write:
 // its records, with their headers, nonces and tags, fit one outQueue chunk.
 const sealPiece = outChunkSize - 4<<10
-
-// readChunkPool holds the arrays rawConn reads into; a socket waiting for
-// input holds none.
-var readChunkPool = sync.Pool{New: func() any { return new([connReadChunk]byte) }}
 
 // newRawConn wraps c (a connection just accepted or dialled).
 func newRawConn(c net.Conn) *rawConn {
@@ -167,77 +166,87 @@ func (r *rawConn) fill() {
 	if r.rbuf != nil || r.rerr != nil {
 		return
 	}
-	a, n, err := r.readChunk()
+	b, err := r.readChunk()
 	if err != nil {
 		r.rerr = err
 		return
 	}
-	r.rarr, r.rbuf, r.roff = a, a[:n], 0
+	r.rbuf, r.roff = b, 0
 }
 
 // readChunk waits until the socket has input, or its end or an error, and
-// reads it into an array of readChunkPool, borrowed only once there is
-// something to read: a connection waiting for input holds no buffer. It
-// returns the array with n > 0 bytes in it, or an error (io.EOF at the
-// end) and no array. Runs on the reader.
-func (r *rawConn) readChunk() (a *[connReadChunk]byte, n int, err error) {
+// reads it into a pooled array (connside_chunks.go), borrowed only once there
+// is something to read: a connection waiting for input holds no buffer. It
+// returns the bytes read (at least one) at the start of the array, or an
+// error (io.EOF at the end) and nothing. Runs on the reader.
+func (r *rawConn) readChunk() ([]byte, error) {
+	var a []byte
+	var n int
+	var err error
 	if r.rc == nil { // no descriptor to wait on: a blocking read, holding the array
-		a = readChunkPool.Get().(*[connReadChunk]byte)
-		if n, err = r.Conn.Read(a[:]); n == 0 {
-			readChunkPool.Put(a)
+		a = getReadChunk(r.large())
+		if n, err = r.Conn.Read(a); n == 0 {
+			putReadChunk(a)
 			if err == nil {
 				err = io.ErrNoProgress
 			}
-			return nil, 0, err
+			return nil, err
 		}
-		return a, n, nil // an error with n > 0 comes back with the next read
+		r.streaming = streamingAfter(n)
+		return a[:n], nil // an error with n > 0 comes back with the next read
 	}
 	var rerr error
+	large := r.large()
 	err = r.rc.Read(func(fd uintptr) bool {
-		a = readChunkPool.Get().(*[connReadChunk]byte)
+		a = getReadChunk(large)
 		for {
 			if r.readGaps >= sparseAfter { // every read until input comes closer, those finding none too
 				// At most sparseMax+1 bytes: more ends the run, and the copy a raw call makes
 				// holding its P stays short.
 				n, rerr = rawRead(int(fd), a[:sparseMax+1])
 			} else {
-				n, rerr = unix.Read(int(fd), a[:])
+				n, rerr = unix.Read(int(fd), a)
 			}
 			if rerr != unix.EINTR {
 				break
 			}
 		}
 		if rerr == unix.EAGAIN {
-			readChunkPool.Put(a)
+			putReadChunk(a)
 			return false // wait for input, holding no buffer
 		}
 		if n <= 0 {
-			readChunkPool.Put(a)
+			putReadChunk(a)
 		}
 		return true
 	})
 	if n > 0 {
 		now := monotonicNow()
 		r.readGaps, r.lastRead = nextGaps(r.readGaps, now-r.lastRead, n), now
+		r.streaming = streamingAfter(n)
 	}
 	switch {
 	case err != nil:
-		return nil, 0, err
+		return nil, err
 	case rerr != nil:
-		return nil, 0, &net.OpError{Op: "read", Net: "tcp", Source: r.LocalAddr(), Addr: r.RemoteAddr(), Err: os.NewSyscallError("read", rerr)}
+		return nil, &net.OpError{Op: "read", Net: "tcp", Source: r.LocalAddr(), Addr: r.RemoteAddr(), Err: os.NewSyscallError("read", rerr)}
 	case n == 0:
-		return nil, 0, io.EOF
+		return nil, io.EOF
 	}
-	return a, n, nil
+	return a[:n], nil
 }
+
+// large reports whether the next read takes a large array: the connection streams and the
+// session allows it. Runs on the reader.
+func (r *rawConn) large() bool { return r.streaming && r.largeReads != nil && r.largeReads() }
 
 // take copies what rbuf holds to p, returning the array once it is all taken.
 func (r *rawConn) take(p []byte) int {
 	n := copy(p, r.rbuf[r.roff:])
 	r.roff += n
 	if r.roff == len(r.rbuf) {
-		readChunkPool.Put(r.rarr)
-		r.rarr, r.rbuf, r.roff = nil, nil, 0
+		putReadChunk(r.rbuf)
+		r.rbuf, r.roff = nil, 0
 	}
 	return n
 }

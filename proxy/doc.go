@@ -121,7 +121,9 @@
 //     add at most HardBufferLimit per direction. What the sum does not
 //     count is kept small per connection instead: a side waiting for input
 //     holds no read buffer (gnet's loop reads into its own; a connSide's
-//     reader borrows an array once its socket is readable), so idle
+//     reader borrows an array once its socket is readable: 64 KiB, or
+//     256 KiB for a stream while the soft limit is 1 MiB or more, never
+//     while the budget has lowered it; connside_chunks.go), so idle
 //     connections cost their state, not 64 KiB each.
 //     Lookups: at most MaxConnectionLookups in flight from one connection
 //     and MaxConcurrentLookups in all; the excess is answered
