@@ -244,7 +244,7 @@ func (c *Config) Validate() error {
 	case c.KeySharedAwayTimeout <= 0:
 		return fmt.Errorf("key-shared-away-timeout: must be > 0")
 	case !c.BrokerTLS && !c.httpsBrokerWeb() && (c.BrokerTLSTrustCertsFile != "" || c.BrokerTLSCertFile != ""):
-		return fmt.Errorf("broker-tls-trust-certs / broker-tls-cert: given without pulsar+ssl:// broker URLs or https:// broker web URLs")
+		return fmt.Errorf("broker-tls-trust-certs / broker-tls-cert: given without pulsar+ssl:// broker URLs or https:// broker or functions worker web URLs")
 	case (c.BrokerTLSCertFile == "") != (c.BrokerTLSKeyFile == ""):
 		return fmt.Errorf("broker-tls-cert and broker-tls-key go together")
 	}
@@ -264,8 +264,8 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// httpsBrokerWeb reports whether some broker web URL is https:// (the
-// broker TLS settings apply to it).
+// httpsBrokerWeb reports whether some broker or functions worker web URL is
+// https:// (the broker TLS settings apply to it).
 func (c *Config) httpsBrokerWeb() bool {
 	for _, u := range append(c.BrokerWebURLs[:len(c.BrokerWebURLs):len(c.BrokerWebURLs)], c.FunctionWorkerWebURLs...) {
 		if strings.HasPrefix(u, "https://") {

@@ -183,6 +183,7 @@ func newConnSide(l executor, e *end, c net.Conn) *connSide {
 	k.tlsMore = k.raw.readBuffered
 	k.raw.closed = k.socketClosed
 	k.raw.largeReads = func() bool { return e.s.softLimit() >= largeReadsFrom }
+	k.raw.arrays = e.s.srv.readArrays
 	k.raw.start()
 	k.cond = sync.NewCond(&k.mu)
 	if cl, ok := l.(*connLoop); ok {
@@ -234,7 +235,7 @@ func (k *connSide) reader() {
 				default:
 				}
 			}) != nil {
-				putReadChunk(b)
+				k.raw.arrays.put(b)
 				return
 			}
 		} else {
@@ -260,7 +261,7 @@ func (k *connSide) read() ([]byte, error) {
 	if !k.tlsMore {
 		k.raw.fill()
 	}
-	buf := getReadChunk((k.streaming || k.raw.streaming) && k.raw.largeReads())
+	buf := k.raw.arrays.get((k.streaming || k.raw.streaming) && k.raw.largeReads())
 	n := 0
 	var err error
 	k.raw.noWait = true
@@ -284,13 +285,13 @@ func (k *connSide) read() ([]byte, error) {
 	k.tlsMore = n == len(buf)
 	k.streaming = streamingAfter(n)
 	if n == 0 {
-		putReadChunk(buf)
+		k.raw.arrays.put(buf)
 		return nil, err
 	}
 	return buf[:n], err
 }
 
-// input hands the session b, just read (in an array of readChunkPool).
+// input hands the session b, just read (at the start of an array of k.raw.arrays).
 // With nothing left unconsumed, b's array becomes the input as it is (no
 // copy); else b is appended and its array goes back to the pool. The
 // session keeps no slice of its input past a call (as on gnet, whose buffer
@@ -298,12 +299,12 @@ func (k *connSide) read() ([]byte, error) {
 // loop.
 func (k *connSide) input(b []byte) {
 	if k.gone {
-		putReadChunk(b)
+		k.raw.arrays.put(b)
 		return
 	}
 	if len(k.in) > 0 {
 		k.appendInput(b)
-		putReadChunk(b)
+		k.raw.arrays.put(b)
 	} else {
 		k.in, k.inBase = b, b[:cap(b)]
 	}
@@ -311,15 +312,16 @@ func (k *connSide) input(b []byte) {
 }
 
 // appendInput appends b to the unconsumed input, moving it to the front of its array first
-// when that makes room. Runs on the loop.
+// when that makes room; an array the input outgrew goes back to the lender. Runs on the loop.
 func (k *connSide) appendInput(b []byte) {
 	if cap(k.in)-len(k.in) < len(b) && len(k.in)+len(b) <= cap(k.inBase) {
 		k.in = k.inBase[:copy(k.inBase, k.in)]
 	}
-	c := cap(k.in)
+	c, old := cap(k.in), k.inBase
 	k.in = append(k.in, b...)
 	if cap(k.in) != c {
 		k.inBase = k.in[:cap(k.in)]
+		k.raw.arrays.put(old)
 	}
 }
 
@@ -332,9 +334,17 @@ func (k *connSide) handle() {
 	if k.e.s.onTraffic(k.e) == closeSide {
 		k.Close()
 	}
-	if len(k.in) == 0 && k.inBase != nil {
-		putReadChunk(k.inBase)
+	switch {
+	case len(k.in) == 0 && k.inBase != nil:
+		k.raw.arrays.put(k.inBase)
 		k.in, k.inBase = nil, nil
+	case cap(k.inBase) == streamReadChunk && len(k.in) <= connReadChunk:
+		// A remainder (a frame begun) that a small array holds: the large one goes back,
+		// rather than wait, perhaps parked, for the rest (connside_chunks.go).
+		small := k.raw.arrays.get(false)
+		n := copy(small, k.in)
+		k.raw.arrays.put(k.inBase)
+		k.in, k.inBase = small[:n], small
 	}
 }
 
@@ -406,7 +416,7 @@ func (k *connSide) finish(err error) {
 	k.gone = true
 	k.Close()
 	if k.inBase != nil {
-		putReadChunk(k.inBase)
+		k.raw.arrays.put(k.inBase)
 	}
 	k.in, k.inBase = nil, nil
 	k.e.s.onClose(k.e, k, err)

@@ -1,6 +1,10 @@
 package proxy
 
-import "sync"
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+)
 
 // The net.Conn transport's read buffers, in two sizes. A read borrows an array only once its
 // socket is readable, so a connection waiting for input holds none (contract 7). A read that
@@ -8,44 +12,80 @@ import "sync"
 // and its next read takes a large one (streamReadChunk), until a read the small one would have
 // held. Streams then cost a quarter of the reads, each of which also parks and wakes the reader
 // through the runtime's poller when it finds nothing: over TLS, 10 KB batched messages took
-// 11-17 % less proxy CPU (e2e/proxy/bench, session 25), while request-response and other small
-// traffic keeps 64 KiB per read in flight. One read is what the session takes at once before
-// backpressure can pause it (contract 5), so the large array is used only while the session's
-// soft limit is at least largeReadsFrom: never under a small configured limit, nor while the
-// memory budget has lowered every limit.
+// 6-14 % less proxy CPU (e2e/proxy/bench, session 25), while request-response and other small
+// traffic keeps 64 KiB per read in flight.
+//
+// What a large array may cost is bounded three ways:
+//   - One read is what the session takes at once before backpressure can pause it (contract
+//     5), so a connection reads into a large array only while its session's soft limit is at
+//     least largeReadsFrom: never under a small configured limit, nor while the memory budget
+//     has lowered every limit.
+//   - The budget does not count the arrays, only the bytes in them that the session has not
+//     consumed; so a server lends at most an eighth of its memory budget in large arrays at
+//     once (readArrays), and a read that would go over takes a small one.
+//   - A large array is not kept for a remainder a small one holds (a frame's first bytes, while
+//     the session waits for the rest, perhaps parked): connSide.handle moves it.
 const (
-	connReadChunk   = 64 << 10
-	streamReadChunk = 256 << 10
+	connReadChunk = 64 << 10
+	// streamReadChunk is one byte short of 256 KiB: a slice that append grows past 32 KiB has a
+	// capacity of whole pages, so a capacity of exactly this is always one of readArrays' large
+	// arrays, which readArrays.put counts back in.
+	streamReadChunk = 256<<10 - 1
 )
+
+// largeReadsFrom is the least soft limit (session.softLimit) under which a streaming connection
+// reads into a large array.
+const largeReadsFrom = 1 << 20
 
 var (
 	readChunkPool   = sync.Pool{New: func() any { return new([connReadChunk]byte) }}
 	streamChunkPool = sync.Pool{New: func() any { return new([streamReadChunk]byte) }}
 )
 
-// getReadChunk borrows a whole array: a large one for a streaming connection. Any goroutine
-// may call it.
-func getReadChunk(streaming bool) []byte {
-	if streaming {
-		return streamChunkPool.Get().(*[streamReadChunk]byte)[:]
+// readArrays lends the read arrays of one server's net.Conn connections and counts the large
+// ones out. Any goroutine may call its methods.
+type readArrays struct {
+	largeOut  atomic.Int64
+	maxLarge  int64         // large arrays out at once, at most
+	largeLent atomic.Uint64 // large arrays lent so far (specs)
+}
+
+// newReadArrays returns the lender of a server with memory budget budget (0: no budget, and no
+// bound on large arrays).
+func newReadArrays(budget int) *readArrays {
+	a := &readArrays{maxLarge: math.MaxInt64}
+	if budget > 0 {
+		a.maxLarge = int64(budget) / 8 / streamReadChunk
+	}
+	return a
+}
+
+// unboundedArrays lends to connections outside a server (specs of rawConn alone).
+var unboundedArrays = newReadArrays(0)
+
+// get borrows a whole array: a large one when large and the server has one to lend.
+func (a *readArrays) get(large bool) []byte {
+	if large {
+		if n := a.largeOut.Add(1); n <= a.maxLarge {
+			a.largeLent.Add(1)
+			return streamChunkPool.Get().(*[streamReadChunk]byte)[:]
+		}
+		a.largeOut.Add(-1)
 	}
 	return readChunkPool.Get().(*[connReadChunk]byte)[:]
 }
 
-// putReadChunk returns the array b begins to its pool; a buffer of another capacity (input grown
-// past one read) is left to the collector. Any goroutine may call it, once nothing refers to b.
-func putReadChunk(b []byte) {
+// put returns the array b begins to its pool; a buffer of another capacity (input grown past one
+// read) is left to the collector. Call it once nothing refers to b.
+func (a *readArrays) put(b []byte) {
 	switch cap(b) {
 	case connReadChunk:
 		readChunkPool.Put((*[connReadChunk]byte)(b[:connReadChunk]))
 	case streamReadChunk:
+		a.largeOut.Add(-1)
 		streamChunkPool.Put((*[streamReadChunk]byte)(b[:streamReadChunk]))
 	}
 }
-
-// largeReadsFrom is the least soft limit (session.softLimit) under which a streaming connection
-// reads into a large array.
-const largeReadsFrom = 4 * streamReadChunk
 
 // streamingAfter reports whether a connection whose last read returned n bytes is streaming:
 // the small array would have been filled.

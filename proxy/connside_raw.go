@@ -66,7 +66,8 @@ type rawConn struct {
 	// largeReads reports whether a streaming read may take a large array (the session's soft
 	// limit allows it); nil: never. Any goroutine may call it.
 	largeReads func() bool
-	rerr       error // the read error met by fill; Read returns it once rbuf is taken
+	arrays     *readArrays // lends the read arrays (connside_chunks.go)
+	rerr       error       // the read error met by fill; Read returns it once rbuf is taken
 
 	mu      sync.Mutex
 	cond    *sync.Cond
@@ -116,7 +117,7 @@ const sealPiece = outChunkSize - 4<<10
 
 // newRawConn wraps c (a connection just accepted or dialled).
 func newRawConn(c net.Conn) *rawConn {
-	r := &rawConn{Conn: c}
+	r := &rawConn{Conn: c, arrays: unboundedArrays}
 	r.cond = sync.NewCond(&r.mu)
 	if sc, ok := c.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
@@ -184,9 +185,9 @@ func (r *rawConn) readChunk() ([]byte, error) {
 	var n int
 	var err error
 	if r.rc == nil { // no descriptor to wait on: a blocking read, holding the array
-		a = getReadChunk(r.large())
+		a = r.arrays.get(r.large())
 		if n, err = r.Conn.Read(a); n == 0 {
-			putReadChunk(a)
+			r.arrays.put(a)
 			if err == nil {
 				err = io.ErrNoProgress
 			}
@@ -196,9 +197,8 @@ func (r *rawConn) readChunk() ([]byte, error) {
 		return a[:n], nil // an error with n > 0 comes back with the next read
 	}
 	var rerr error
-	large := r.large()
 	err = r.rc.Read(func(fd uintptr) bool {
-		a = getReadChunk(large)
+		a = r.arrays.get(r.large()) // decided now: the wait before may have been long
 		for {
 			if r.readGaps >= sparseAfter { // every read until input comes closer, those finding none too
 				// At most sparseMax+1 bytes: more ends the run, and the copy a raw call makes
@@ -212,11 +212,11 @@ func (r *rawConn) readChunk() ([]byte, error) {
 			}
 		}
 		if rerr == unix.EAGAIN {
-			putReadChunk(a)
+			r.arrays.put(a)
 			return false // wait for input, holding no buffer
 		}
 		if n <= 0 {
-			putReadChunk(a)
+			r.arrays.put(a)
 		}
 		return true
 	})
@@ -245,7 +245,7 @@ func (r *rawConn) take(p []byte) int {
 	n := copy(p, r.rbuf[r.roff:])
 	r.roff += n
 	if r.roff == len(r.rbuf) {
-		putReadChunk(r.rbuf)
+		r.arrays.put(r.rbuf)
 		r.rbuf, r.roff = nil, 0
 	}
 	return n

@@ -123,8 +123,10 @@
 //     holds no read buffer (gnet's loop reads into its own; a connSide's
 //     reader borrows an array once its socket is readable: 64 KiB, or
 //     256 KiB for a stream while the soft limit is 1 MiB or more, never
-//     while the budget has lowered it; connside_chunks.go), so idle
-//     connections cost their state, not 64 KiB each.
+//     while the budget has lowered it, and at most an eighth of the budget
+//     in such arrays at once; a remainder a small array holds is moved to
+//     one; connside_chunks.go), so idle connections cost their state, not
+//     64 KiB each.
 //     Lookups: at most MaxConnectionLookups in flight from one connection
 //     and MaxConcurrentLookups in all; the excess is answered
 //     TooManyRequests, the connection's own bound first, so a client

@@ -721,8 +721,10 @@ func errorLabel(err error) string {
 // account adds the engine's counter deltas to the metrics, and logs the first send of each
 // producer that the engine had to forward as the client built it (one line per producer and
 // reason, so a client that numbers every send that way costs one line, not one per send).
-func (r *rebatchPath) account(e *engine) {
-	s := e.p.Stats()
+func (r *rebatchPath) account(e *engine) { r.accountStats(e, e.p.Stats()) }
+
+// accountStats is account with the engine's counters s.
+func (r *rebatchPath) accountStats(e *engine, s rebatch.Stats) {
 	d := func(now, before uint64) float64 { return float64(now - before) }
 	for _, f := range []struct {
 		reason     string

@@ -74,3 +74,21 @@ func TestFlushMetricsCountTheEnginesFlushesByReason(t *testing.T) {
 	}
 	t.Logf("engine flushes by reason: %v", engine)
 }
+
+// Given the engine's counters with a different count of flushes for every reason,
+// when the path accounts them,
+// then each reason's label carries its own count (no two reasons' counters swapped).
+func TestFlushMetricsLabelEveryReasonWithItsOwnCount(t *testing.T) {
+	metrics := NewRebatchMetrics()
+	r := &rebatchPath{m: metrics, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	s := rebatch.Stats{FlushMaxMessages: 1, FlushMaxBytes: 2, FlushDelay: 3, FlushGroup: 4, FlushKeys: 5, FlushExplicit: 6, FlushIdle: 7}
+
+	r.accountStats(&engine{kind: "properties"}, s)
+
+	for reason, want := range map[string]float64{"max_messages": 1, "max_bytes": 2, "max_delay": 3, "group_change": 4,
+		"key_change": 5, "explicit": 6, "idle": 7} {
+		if got := testutil.ToFloat64(metrics.flushes.WithLabelValues("properties", reason)); got != want {
+			t.Errorf("flushes{reason=%q} = %v, want %v", reason, got, want)
+		}
+	}
+}

@@ -36,6 +36,8 @@ type Server struct {
 	log   *slog.Logger
 	m     *metrics
 	known *knownBrokers
+	// readArrays lends the read arrays of the net.Conn transport (connside_chunks.go).
+	readArrays *readArrays
 	// ks manages the Key_Shared subscriptions Config.ManagedKeyShared claims; nil if none.
 	ks *keyshared.Manager
 
@@ -121,6 +123,7 @@ func New(cfg Config) (*Server, error) {
 	if s.brokerTLS != nil {
 		s.dialBroker = s.dialConnSide // a TLS broker connection cannot be a gnet conn
 	}
+	s.readArrays = newReadArrays(cfg.MemoryBudget)
 	s.m.held = s.held.Load
 	s.m.budget = int64(cfg.MemoryBudget)
 	s.now.Store(s.clock().UnixNano())

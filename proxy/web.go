@@ -24,11 +24,14 @@ import (
 // The web port, as Pulsar's proxy has one: the brokers' admin REST API
 // (/admin/...) and HTTP lookups (/lookup/...) forwarded to the configured
 // broker web service URLs (round robin, the next one when one cannot be
-// reached), over HTTP and, with TLS configured, HTTPS. Brokers answer
+// reached), over HTTP and, with TLS configured, HTTPS; the admin API of
+// Pulsar Functions, sources, sinks and workers goes to the functions
+// workers instead when the proxy has their URLs (web_routes.go). Brokers answer
 // requests for a topic another broker owns with a redirect to that broker;
 // the proxy follows redirects to brokers it knows itself (their web hosts:
-// the configured ones and the hosts of brokers learned from lookups), so the
-// client only ever talks to the proxy. Other paths are refused (404); so is
+// the configured ones and the hosts of brokers learned from lookups) and to
+// the configured functions workers, so the client only ever talks to the
+// proxy. Other paths are refused (404); so is
 // a redirect anywhere else (502). A request body of up to webReplayLimit is
 // held, to be sent again when a broker redirects; a larger one (a function's
 // or a package's upload) is streamed to one broker and not held, and a
@@ -62,7 +65,7 @@ func webHeldBudget(memoryBudget int) int64 {
 // webReplayLimit) and so cannot send again.
 var errStreamedRedirect = errors.New("a broker redirected a request whose body is over the size the proxy holds to send again after a redirect")
 
-// webPrefixes are the paths forwarded to brokers.
+// webPrefixes are the paths forwarded (to brokers, or to functions workers: web_routes.go).
 var webPrefixes = []string{"/admin/", "/lookup/"}
 
 // webProxy forwards the web port's requests. Its methods are called by

@@ -27,7 +27,10 @@ var functionsResources = map[string]bool{
 }
 
 // isFunctionsPath reports whether p (a clean path) is a functions worker's admin path:
-// /admin/R/..., /admin/v2/R/... or /admin/v3/R/... with R in functionsResources.
+// /admin/R/..., /admin/v2/R/... or /admin/v3/R/... with R in functionsResources. p is the
+// decoded path, the one cleanPath checked (Pulsar's proxy matches the raw one); a path spelled
+// with encoded slashes may be routed differently from Pulsar's, but only ever to a configured
+// worker or broker.
 func isFunctionsPath(p string) bool {
 	rest, ok := strings.CutPrefix(p, "/admin/")
 	if !ok {

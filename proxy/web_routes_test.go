@@ -114,32 +114,46 @@ func TestWebPortSendsTheFunctionsAPIToTheBrokersWithoutWorkers(t *testing.T) {
 	}
 }
 
-// Given two functions workers, both configured, the first of which redirects a function's
-// status to the second (where the instance runs, as Pulsar's workers do),
-// when a client asks for the status through the web port, twice (round robin starts once at
-// each worker),
-// then both answers come from the second worker: the redirect to a configured worker is followed.
-func TestWebPortFollowsAWorkersRedirectToAnotherConfiguredWorker(t *testing.T) {
+// Given two functions workers, both configured by the name localhost (which no broker the proxy
+// knows has: its fake broker is 127.0.0.1), the first of which redirects a function's status to
+// the second (where the instance runs, as Pulsar's workers do), and a third worker, configured
+// too, that redirects to a host the proxy does not know,
+// when a client asks the first two for the status through the web port, twice (round robin
+// starts once at each), and then asks with only the third configured,
+// then both first answers come from the second worker (the redirect to a configured worker is
+// followed), and the last is answered 502 (the redirect elsewhere is not).
+func TestWebPortFollowsAWorkersRedirectOnlyToAConfiguredWorker(t *testing.T) {
 	var w2Hits, w1Hits atomic.Int64
 	w2 := namedBackend(t, "worker2", &w2Hits)
+	w2URL := strings.Replace(w2.URL, "127.0.0.1", "localhost", 1)
 	w1 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w1Hits.Add(1)
-		http.Redirect(w, r, w2.URL+r.URL.Path, http.StatusTemporaryRedirect)
+		http.Redirect(w, r, w2URL+r.URL.Path, http.StatusTemporaryRedirect)
 	}))
 	defer w1.Close()
+	w3 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "http://192.0.2.1:6750"+r.URL.Path, http.StatusTemporaryRedirect)
+	}))
+	defer w3.Close()
 	var brokerHits atomic.Int64
 	broker := namedBackend(t, "broker", &brokerHits)
-	fb := newFakeBroker(t)
-	srv, _, _ := startProxy(t, []string{fb.addr()}, func(c *Config) {
-		c.WebListen, c.BrokerWebURLs, c.FunctionWorkerWebURLs = "127.0.0.1:0", []string{broker.URL}, []string{w1.URL, w2.URL}
-	})
+	start := func(workers ...string) string {
+		fb := newFakeBroker(t)
+		srv, _, _ := startProxy(t, []string{fb.addr()}, func(c *Config) {
+			c.WebListen, c.BrokerWebURLs, c.FunctionWorkerWebURLs = "127.0.0.1:0", []string{broker.URL}, workers
+		})
+		return "http://" + srv.WebAddrs()[0]
+	}
 	p := "/admin/v3/functions/public/default/f1/status"
+	web := start(strings.Replace(w1.URL, "127.0.0.1", "localhost", 1), w2URL)
+	webUnknown := start(w3.URL)
 
 	var bodies []string
 	for range 2 {
-		code, body := get(t, http.MethodGet, "http://"+srv.WebAddrs()[0]+p, "")
+		code, body := get(t, http.MethodGet, web+p, "")
 		bodies = append(bodies, http.StatusText(code)+": "+body)
 	}
+	unknownCode, _ := get(t, http.MethodGet, webUnknown+p, "")
 
 	for _, b := range bodies {
 		if b != "OK: worker2 GET "+p+" " {
@@ -148,6 +162,9 @@ func TestWebPortFollowsAWorkersRedirectToAnotherConfiguredWorker(t *testing.T) {
 	}
 	if w1Hits.Load() != 1 || brokerHits.Load() != 0 {
 		t.Errorf("worker1 got %d requests (want 1), the broker %d (want 0)", w1Hits.Load(), brokerHits.Load())
+	}
+	if unknownCode != http.StatusBadGateway {
+		t.Errorf("a worker's redirect to an unknown host answered %d, want 502", unknownCode)
 	}
 }
 

@@ -34,6 +34,11 @@ func TestFunctionsWorkerApartFromTheBrokersThroughTheWebPort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { // after the function's deletion (cleanups run last first)
+		if err := cluster.StopFunctionsWorker(); err != nil {
+			t.Errorf("stopping the functions worker: %v", err)
+		}
+	})
 	home, err := harness.PulsarHome(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -105,7 +105,7 @@ func clusterScript() string { return filepath.Join(RepoRoot(), "e2e", "pulsar", 
 // StartFunctionsWorker starts a functions worker apart from the cluster's brokers (which run
 // none: cluster.sh sets functionsWorkerEnabled=false), as production clusters with separate
 // workers run them (`bin/pulsar functions-worker`), and returns its web service URL once it
-// serves. Stop stops it with the cluster. Functions run as threads inside the worker.
+// serves. StopFunctionsWorker (or Stop, with the cluster) stops it. Functions run as threads inside the worker.
 func (c *Cluster) StartFunctionsWorker(ctx context.Context) (string, error) {
 	cmd := exec.CommandContext(ctx, clusterScript(), "worker")
 	cmd.Env = c.env
@@ -125,4 +125,14 @@ func (c *Cluster) StartFunctionsWorker(ctx context.Context) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%s env names no functions worker after %s worker", clusterScript(), clusterScript())
+}
+
+// StopFunctionsWorker stops the worker StartFunctionsWorker started; the cluster keeps running.
+func (c *Cluster) StopFunctionsWorker() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, clusterScript(), "stop-worker")
+	cmd.Env = c.env
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	return cmd.Run()
 }

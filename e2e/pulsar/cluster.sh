@@ -11,6 +11,7 @@
 #   e2e/pulsar/cluster.sh env       print the cluster's URLs as shell assignments
 #   e2e/pulsar/cluster.sh worker    start a functions worker apart from the brokers (which run
 #                                   none) for the running cluster, and wait until it serves
+#   e2e/pulsar/cluster.sh stop-worker  stop that worker (the cluster keeps running)
 #
 # Settings (environment; defaults in brackets):
 #   PULSAR_VERSION           server distribution version [4.0.8]
@@ -77,6 +78,10 @@ spawn() {
 
 alive() { [ -f "$run/$1.pid" ] && kill -0 "$(cat "$run/$1.pid")" 2>/dev/null; }
 
+# on_timeout is what wait_for runs when a wait times out: the whole cluster stops, unless the
+# step started something on its own (a functions worker) that alone should.
+on_timeout=cmd_stop
+
 # wait_for NAME WHAT CHECK...: waits until CHECK succeeds, failing if NAME's process died.
 wait_for() {
   local name=$1 what=$2; shift 2
@@ -88,7 +93,7 @@ wait_for() {
     fi
     if [ $SECONDS -ge $deadline ]; then
       tail -n 30 "$run/logs/$name.out" >&2 || true
-      cmd_stop
+      $on_timeout
       die "$name: not $what within $PULSAR_READY_TIMEOUT s; log: $run/logs/$name.out"
     fi
     sleep 0.5
@@ -266,6 +271,7 @@ functionRuntimeFactoryConfigs:
 EOF
   local t0=$SECONDS
   PULSAR_WORKER_CONF="$run/conf/functions_worker.yml" spawn worker 256m functions-worker
+  on_timeout="stop_one worker"
   wait_for worker "serving on $port" worker_ready "$port"
   log "functions worker ready in $((SECONDS - t0)) s: http://127.0.0.1:$port (cluster '$cluster')"
 }
@@ -316,5 +322,6 @@ case "${1:-}" in
   stop) cmd_stop ;;
   env) cmd_env ;;
   worker) cmd_worker ;;
-  *) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  stop-worker) stop_one worker; sed -i '/^worker=/d' "$run/ports" 2>/dev/null || true ;;
+  *) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
