@@ -32,14 +32,7 @@ func TestFlushMetricsCountTheEnginesFlushesByReason(t *testing.T) {
 	p := RebatchPaths(NewPolicies(m), metrics, NewChunkDedup(chunkdedup.Config{}), slog.New(slog.NewTextHandler(io.Discard, nil)))(
 		ConnInfo{ID: 1, MaxMessageSize: 5 << 20, Now: func() time.Time { return now }})
 	out := captureOut{t, &capture{}}
-	if _, err := p.FromClient(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER.Enum(), Producer: &pulsarpb.CommandProducer{
-		Topic: proto.String("persistent://a/b/t"), ProducerId: proto.Uint64(1), RequestId: proto.Uint64(11)}}), out); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.FromBroker(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER_SUCCESS.Enum(), ProducerSuccess: &pulsarpb.CommandProducerSuccess{
-		RequestId: proto.Uint64(11), ProducerName: proto.String("p1"), LastSequenceId: proto.Int64(-1)}}), out); err != nil {
-		t.Fatal(err)
-	}
+	readyProducer(t, p, out, 1, 11, "p1")
 	for seq := range uint64(8) {
 		b, err := wire.AppendSendFrameMetadata(nil, &wire.Send{ProducerID: 1, SequenceID: seq},
 			&pulsarpb.MessageMetadata{ProducerName: proto.String("p1"), SequenceId: proto.Uint64(seq), PublishTime: proto.Uint64(1)}, make([]byte, 10))

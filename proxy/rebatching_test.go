@@ -64,6 +64,20 @@ func frameOf(t *testing.T, b []byte, err error) wire.Frame {
 	return f
 }
 
+// readyProducer opens client producer id (named name, request reqID) on topic persistent://a/b/t
+// through p and has the broker accept it, with nothing persisted before.
+func readyProducer(t *testing.T, p ProducerPath, out Outputs, id, reqID uint64, name string) {
+	t.Helper()
+	if _, err := p.FromClient(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER.Enum(), Producer: &pulsarpb.CommandProducer{
+		Topic: proto.String("persistent://a/b/t"), ProducerId: proto.Uint64(id), RequestId: proto.Uint64(reqID)}}), out); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.FromBroker(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER_SUCCESS.Enum(), ProducerSuccess: &pulsarpb.CommandProducerSuccess{
+		RequestId: proto.Uint64(reqID), ProducerName: proto.String(name), LastSequenceId: proto.Int64(-1)}}), out); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // bucketsPath returns a path with a two-bucket policy for topic a/b/t whose client producer 7
 // (request 3) the broker has just accepted; it returns the lane PRODUCER commands sent.
 func bucketsPath(t *testing.T) (ProducerPath, *capture, []*pulsarpb.CommandProducer) {
@@ -197,14 +211,7 @@ func TestFramesHeldBehindOutOfOrderSendsSlowTheClient(t *testing.T) {
 	p := RebatchPaths(NewPolicies(m), nil, NewChunkDedup(chunkdedup.Config{}), slog.New(slog.NewTextHandler(io.Discard, nil)))(ConnInfo{ID: 1, MaxMessageSize: 5 << 20})
 	c := &capture{}
 	out := captureOut{t, c}
-	if _, err := p.FromClient(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER.Enum(), Producer: &pulsarpb.CommandProducer{
-		Topic: proto.String("persistent://a/b/t"), ProducerId: proto.Uint64(1), RequestId: proto.Uint64(3)}}), out); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.FromBroker(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER_SUCCESS.Enum(), ProducerSuccess: &pulsarpb.CommandProducerSuccess{
-		RequestId: proto.Uint64(3), ProducerName: proto.String("p"), LastSequenceId: proto.Int64(-1)}}), out); err != nil {
-		t.Fatal(err)
-	}
+	readyProducer(t, p, out, 1, 3, "p")
 	send := func(seq uint64, size int) {
 		t.Helper()
 		b, err := wire.AppendSendFrameMetadata(nil, &wire.Send{ProducerID: 1, SequenceID: seq},
@@ -246,14 +253,7 @@ func TestAnotherProducersSendKeepsAnOpenBatchsDeadline(t *testing.T) {
 	c := &capture{}
 	out := captureOut{t, c}
 	for _, id := range []uint64{1, 2} {
-		if _, err := p.FromClient(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER.Enum(), Producer: &pulsarpb.CommandProducer{
-			Topic: proto.String("persistent://a/b/t"), ProducerId: proto.Uint64(id), RequestId: proto.Uint64(10 + id)}}), out); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := p.FromBroker(cmdFrame(t, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_PRODUCER_SUCCESS.Enum(), ProducerSuccess: &pulsarpb.CommandProducerSuccess{
-			RequestId: proto.Uint64(10 + id), ProducerName: proto.String(fmt.Sprint("p", id)), LastSequenceId: proto.Int64(-1)}}), out); err != nil {
-			t.Fatal(err)
-		}
+		readyProducer(t, p, out, id, 10+id, fmt.Sprint("p", id))
 	}
 	send := func(id, seq uint64) {
 		t.Helper()
