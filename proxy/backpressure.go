@@ -13,12 +13,13 @@ package proxy
 const budgetSoftLimit = 256 << 10
 
 // softLimit is the queue towards a side beyond which the proxy stops
-// taking frames for it from the other side.
-func (s *session) softLimit() int {
-	if b := s.srv.cfg.MemoryBudget; b > 0 && s.srv.held.Load() > int64(b/2) {
-		return min(budgetSoftLimit, s.srv.cfg.SoftBufferLimit)
+// taking frames for it from the other side: the same for every session, and
+// lowered while the server is over half its budget. Any goroutine may call it.
+func (s *Server) softLimit() int {
+	if b := s.cfg.MemoryBudget; b > 0 && s.held.Load() > int64(b/2) {
+		return min(budgetSoftLimit, s.cfg.SoftBufferLimit)
 	}
-	return s.srv.cfg.SoftBufferLimit
+	return s.cfg.SoftBufferLimit
 }
 
 // publishHeld tells the server's budget how many bytes this session holds:

@@ -182,7 +182,6 @@ func newConnSide(l executor, e *end, c net.Conn) *connSide {
 	// The handshake may have read records past its own: take them first.
 	k.tlsMore = k.raw.readBuffered
 	k.raw.closed = k.socketClosed
-	k.raw.largeReads = func() bool { return e.s.softLimit() >= largeReadsFrom }
 	k.raw.arrays = e.s.srv.readArrays
 	k.raw.start()
 	k.cond = sync.NewCond(&k.mu)
@@ -261,7 +260,7 @@ func (k *connSide) read() ([]byte, error) {
 	if !k.tlsMore {
 		k.raw.fill()
 	}
-	buf := k.raw.arrays.get((k.streaming || k.raw.streaming) && k.raw.largeReads())
+	buf := k.raw.arrays.get(k.streaming || k.raw.streaming)
 	n := 0
 	var err error
 	k.raw.noWait = true

@@ -17,7 +17,7 @@ import (
 //
 // What a large array may cost is bounded three ways:
 //   - One read is what the session takes at once before backpressure can pause it (contract
-//     5), so a connection reads into a large array only while its session's soft limit is at
+//     5), so a connection reads into a large array only while the soft limit (Server.softLimit) is at
 //     least largeReadsFrom: never under a small configured limit, nor while the memory budget
 //     has lowered every limit.
 //   - The budget does not count the arrays, only the bytes in them that the session has not
@@ -33,7 +33,7 @@ const (
 	streamReadChunk = 256<<10 - 1
 )
 
-// largeReadsFrom is the least soft limit (session.softLimit) under which a streaming connection
+// largeReadsFrom is the least soft limit (Server.softLimit) under which a streaming connection
 // reads into a large array.
 const largeReadsFrom = 1 << 20
 
@@ -47,13 +47,14 @@ var (
 type readArrays struct {
 	largeOut  atomic.Int64
 	maxLarge  int64         // large arrays out at once, at most
+	softLimit func() int    // the server's soft limit now (Server.softLimit); nil: no limit
 	largeLent atomic.Uint64 // large arrays lent so far (specs)
 }
 
 // newReadArrays returns the lender of a server with memory budget budget (0: no budget, and no
-// bound on large arrays).
-func newReadArrays(budget int) *readArrays {
-	a := &readArrays{maxLarge: math.MaxInt64}
+// bound on large arrays) whose soft limit softLimit reports (nil: no limit).
+func newReadArrays(budget int, softLimit func() int) *readArrays {
+	a := &readArrays{maxLarge: math.MaxInt64, softLimit: softLimit}
 	if budget > 0 {
 		a.maxLarge = int64(budget) / 8 / streamReadChunk
 	}
@@ -61,11 +62,12 @@ func newReadArrays(budget int) *readArrays {
 }
 
 // unboundedArrays lends to connections outside a server (specs of rawConn alone).
-var unboundedArrays = newReadArrays(0)
+var unboundedArrays = newReadArrays(0, nil)
 
-// get borrows a whole array: a large one when large and the server has one to lend.
-func (a *readArrays) get(large bool) []byte {
-	if large {
+// get borrows a whole array: a large one for a streaming connection while the soft limit allows
+// it and the server has one to lend.
+func (a *readArrays) get(streaming bool) []byte {
+	if streaming && (a.softLimit == nil || a.softLimit() >= largeReadsFrom) {
 		if n := a.largeOut.Add(1); n <= a.maxLarge {
 			a.largeLent.Add(1)
 			return streamChunkPool.Get().(*[streamReadChunk]byte)[:]

@@ -28,8 +28,11 @@ func TestStreamingReadsTakeLargeArraysOnlyUnderALargeSoftLimit(t *testing.T) {
 			defer near.Close()
 			defer far.Close()
 			r := newRawConn(near)
-			r.arrays = newReadArrays(0)
-			r.largeReads = func() bool { return tc.allowed }
+			limit := largeReadsFrom - 1
+			if tc.allowed {
+				limit = largeReadsFrom
+			}
+			r.arrays = newReadArrays(0, func() int { return limit })
 			go func() { _, _ = far.Write(payload); far.Close() }()
 
 			h := sha256.New()
@@ -67,7 +70,7 @@ func TestStreamingReadsTakeLargeArraysOnlyUnderALargeSoftLimit(t *testing.T) {
 // then the third ask gets a small array, the next after the return a large one, and the grown
 // buffer is not counted as a large array coming back.
 func TestReadArraysLendAtMostAnEighthOfTheBudgetInLargeArrays(t *testing.T) {
-	a := newReadArrays(2 * 8 * streamReadChunk)
+	a := newReadArrays(2*8*streamReadChunk, nil)
 	first, second := a.get(true), a.get(true)
 
 	third := a.get(true)
@@ -87,7 +90,7 @@ func TestReadArraysLendAtMostAnEighthOfTheBudgetInLargeArrays(t *testing.T) {
 	if n := a.largeOut.Load(); n != 2 {
 		t.Errorf("%d large arrays counted out, want 2", n)
 	}
-	if n := newReadArrays(0).maxLarge; n < 1<<40 {
+	if n := newReadArrays(0, nil).maxLarge; n < 1<<40 {
 		t.Errorf("without a budget at most %d large arrays; want no bound", n)
 	}
 }

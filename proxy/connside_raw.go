@@ -62,12 +62,9 @@ type rawConn struct {
 	noWait       bool   // a Read finding rbuf empty fails at once (os.ErrDeadlineExceeded)
 	rbuf         []byte // read from the socket, not yet taken (from roff on), at the start of a pooled array; nil when empty
 	roff         int
-	streaming    bool // the last read would have filled a small array (connside_chunks.go); the reader's
-	// largeReads reports whether a streaming read may take a large array (the session's soft
-	// limit allows it); nil: never. Any goroutine may call it.
-	largeReads func() bool
-	arrays     *readArrays // lends the read arrays (connside_chunks.go)
-	rerr       error       // the read error met by fill; Read returns it once rbuf is taken
+	streaming    bool        // the last read would have filled a small array (connside_chunks.go); the reader's
+	arrays       *readArrays // lends the read arrays (connside_chunks.go)
+	rerr         error       // the read error met by fill; Read returns it once rbuf is taken
 
 	mu      sync.Mutex
 	cond    *sync.Cond
@@ -185,7 +182,7 @@ func (r *rawConn) readChunk() ([]byte, error) {
 	var n int
 	var err error
 	if r.rc == nil { // no descriptor to wait on: a blocking read, holding the array
-		a = r.arrays.get(r.large())
+		a = r.arrays.get(r.streaming)
 		if n, err = r.Conn.Read(a); n == 0 {
 			r.arrays.put(a)
 			if err == nil {
@@ -198,7 +195,7 @@ func (r *rawConn) readChunk() ([]byte, error) {
 	}
 	var rerr error
 	err = r.rc.Read(func(fd uintptr) bool {
-		a = r.arrays.get(r.large()) // decided now: the wait before may have been long
+		a = r.arrays.get(r.streaming) // decided now: the wait before may have been long
 		for {
 			if r.readGaps >= sparseAfter { // every read until input comes closer, those finding none too
 				// At most sparseMax+1 bytes: more ends the run, and the copy a raw call makes
@@ -235,10 +232,6 @@ func (r *rawConn) readChunk() ([]byte, error) {
 	}
 	return a[:n], nil
 }
-
-// large reports whether the next read takes a large array: the connection streams and the
-// session allows it. Runs on the reader.
-func (r *rawConn) large() bool { return r.streaming && r.largeReads != nil && r.largeReads() }
 
 // take copies what rbuf holds to p, returning the array once it is all taken.
 func (r *rawConn) take(p []byte) int {

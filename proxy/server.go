@@ -123,7 +123,7 @@ func New(cfg Config) (*Server, error) {
 	if s.brokerTLS != nil {
 		s.dialBroker = s.dialConnSide // a TLS broker connection cannot be a gnet conn
 	}
-	s.readArrays = newReadArrays(cfg.MemoryBudget)
+	s.readArrays = newReadArrays(cfg.MemoryBudget, s.softLimit)
 	s.m.held = s.held.Load
 	s.m.budget = int64(cfg.MemoryBudget)
 	s.now.Store(s.clock().UnixNano())

@@ -290,7 +290,7 @@ func (s *session) resumeAsync() {
 				continue
 			}
 			dst, src := s.peer(d), s.source(d)
-			if dst == nil || src == nil || (!dst.Gone() && dst.OutboundBuffered() > s.softLimit()/2) {
+			if dst == nil || src == nil || (!dst.Gone() && dst.OutboundBuffered() > s.srv.softLimit()/2) {
 				continue
 			}
 			s.setPaused(d, false)
@@ -358,7 +358,7 @@ func (s *session) pump(src side, d direction) action {
 		return keep
 	}
 	if s.through[d] > 0 {
-		if dst != nil && dst.OutboundBuffered() > s.softLimit() {
+		if dst != nil && dst.OutboundBuffered() > s.srv.softLimit() {
 			s.pause(d)
 			return s.checkHard(src, dst, d, avail)
 		}
@@ -377,7 +377,7 @@ func (s *session) pump(src side, d direction) action {
 	if avail < s.need[d] {
 		return s.checkHard(src, dst, d, avail)
 	}
-	if dst != nil && dst.OutboundBuffered() > s.softLimit() {
+	if dst != nil && dst.OutboundBuffered() > s.srv.softLimit() {
 		s.pause(d)
 		return s.checkHard(src, dst, d, avail)
 	}
