@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -267,12 +268,8 @@ func (c *Config) Validate() error {
 // httpsBrokerWeb reports whether some broker or functions worker web URL is
 // https:// (the broker TLS settings apply to it).
 func (c *Config) httpsBrokerWeb() bool {
-	for _, u := range append(c.BrokerWebURLs[:len(c.BrokerWebURLs):len(c.BrokerWebURLs)], c.FunctionWorkerWebURLs...) {
-		if strings.HasPrefix(u, "https://") {
-			return true
-		}
-	}
-	return false
+	https := func(u string) bool { return strings.HasPrefix(u, "https://") }
+	return slices.ContainsFunc(c.BrokerWebURLs, https) || slices.ContainsFunc(c.FunctionWorkerWebURLs, https)
 }
 
 // BrokerAddress turns a Pulsar service URL ("pulsar://host:port", "pulsar+ssl://host:port", or
