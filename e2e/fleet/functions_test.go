@@ -3,8 +3,6 @@ package fleet_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -140,18 +138,9 @@ func TestFunctionsWorkerApartFromTheBrokersThroughTheWebPort(t *testing.T) {
 			t.Errorf("output %q missing; got %v", want, got)
 		}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cluster.Brokers[0].AdminURL+"/admin/v3/functions/public/default", nil)
-	if err != nil {
-		t.Fatal(err)
+	body, err := getBody(ctx, cluster.Brokers[0].AdminURL+"/admin/v3/functions/public/default")
+	if err == nil || !strings.Contains(err.Error(), "HTTP 409") {
+		t.Errorf("a broker asked for the functions list directly answered %v %s; want HTTP 409 (it runs no worker)", err, body)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusConflict {
-		t.Errorf("a broker asked for the functions list directly answered %d %s; want 409 (it runs no worker)", resp.StatusCode, body)
-	}
-	t.Logf("status through the proxy: %d instance running; a broker directly: %d %s", 1, resp.StatusCode, strings.TrimSpace(string(body)))
+	t.Logf("status through the proxy: 1 instance running; a broker directly: %v", err)
 }

@@ -29,13 +29,10 @@ func StartCluster(inst string, brokers int, dedup bool) (*Cluster, error) {
 		fmt.Sprintf("PULSAR_DEDUP=%t", dedup))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	start := exec.CommandContext(ctx, clusterScript(), "start")
-	start.Env = env
-	start.Stdout, start.Stderr = os.Stderr, os.Stderr
 	c := &Cluster{env: env}
-	if err := start.Run(); err != nil {
+	if err := c.script(ctx, "start"); err != nil {
 		_ = c.Stop()
-		return nil, fmt.Errorf("%s start: %w", clusterScript(), err)
+		return nil, err
 	}
 	if err := c.load(ctx, brokers); err != nil {
 		_ = c.Stop()
@@ -53,20 +50,39 @@ func AttachCluster(inst string, brokers int) (*Cluster, error) {
 	return c, c.load(ctx, brokers)
 }
 
-// load reads the cluster's URLs from cluster.sh env.
-func (c *Cluster) load(ctx context.Context, brokers int) error {
-	env := c.env
+// vars returns what cluster.sh env prints, by name.
+func (c *Cluster) vars(ctx context.Context) (map[string]string, error) {
 	envCmd := exec.CommandContext(ctx, clusterScript(), "env")
-	envCmd.Env = env
+	envCmd.Env = c.env
 	out, err := envCmd.Output()
 	if err != nil {
-		return fmt.Errorf("%s env: %w", clusterScript(), err)
+		return nil, fmt.Errorf("%s env: %w", clusterScript(), err)
 	}
 	vars := map[string]string{}
 	for sc := bufio.NewScanner(bytes.NewReader(out)); sc.Scan(); {
 		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
 			vars[k] = v
 		}
+	}
+	return vars, nil
+}
+
+// script runs cluster.sh with args for this cluster, its output on standard error.
+func (c *Cluster) script(ctx context.Context, args ...string) error {
+	cmd := exec.CommandContext(ctx, clusterScript(), args...)
+	cmd.Env = c.env
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s %s: %w", clusterScript(), strings.Join(args, " "), err)
+	}
+	return nil
+}
+
+// load reads the cluster's URLs from cluster.sh env.
+func (c *Cluster) load(ctx context.Context, brokers int) error {
+	vars, err := c.vars(ctx)
+	if err != nil {
+		return err
 	}
 	c.Name = vars["PULSAR_CLUSTER_NAME"]
 	svcs, webs := strings.Split(vars["PULSAR_BROKER_URLS"], ","), strings.Split(vars["PULSAR_ADMIN_URLS"], ",")
@@ -94,10 +110,7 @@ func (c *Cluster) ServiceURLs() string {
 func (c *Cluster) Stop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, clusterScript(), "stop")
-	cmd.Env = c.env
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	return cmd.Run()
+	return c.script(ctx, "stop")
 }
 
 func clusterScript() string { return filepath.Join(RepoRoot(), "e2e", "pulsar", "cluster.sh") }
@@ -107,22 +120,15 @@ func clusterScript() string { return filepath.Join(RepoRoot(), "e2e", "pulsar", 
 // workers run them (`bin/pulsar functions-worker`), and returns its web service URL once it
 // serves. StopFunctionsWorker (or Stop, with the cluster) stops it. Functions run as threads inside the worker.
 func (c *Cluster) StartFunctionsWorker(ctx context.Context) (string, error) {
-	cmd := exec.CommandContext(ctx, clusterScript(), "worker")
-	cmd.Env = c.env
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("%s worker: %w", clusterScript(), err)
+	if err := c.script(ctx, "worker"); err != nil {
+		return "", err
 	}
-	envCmd := exec.CommandContext(ctx, clusterScript(), "env")
-	envCmd.Env = c.env
-	out, err := envCmd.Output()
+	vars, err := c.vars(ctx)
 	if err != nil {
-		return "", fmt.Errorf("%s env: %w", clusterScript(), err)
+		return "", err
 	}
-	for sc := bufio.NewScanner(bytes.NewReader(out)); sc.Scan(); {
-		if v, ok := strings.CutPrefix(sc.Text(), "PULSAR_FUNCTIONS_WORKER_URL="); ok {
-			return v, nil
-		}
+	if u := vars["PULSAR_FUNCTIONS_WORKER_URL"]; u != "" {
+		return u, nil
 	}
 	return "", fmt.Errorf("%s env names no functions worker after %s worker", clusterScript(), clusterScript())
 }
@@ -131,8 +137,5 @@ func (c *Cluster) StartFunctionsWorker(ctx context.Context) (string, error) {
 func (c *Cluster) StopFunctionsWorker() error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, clusterScript(), "stop-worker")
-	cmd.Env = c.env
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	return cmd.Run()
+	return c.script(ctx, "stop-worker")
 }
