@@ -384,7 +384,19 @@ func (s *session) ksFromClient(f wire.Frame) frameAction {
 		}
 		if mc.state == mcHeld || mc.state == mcAway {
 			// Nothing of it at the broker: the proxy answers the close itself.
-			mc.forget("the client closed it")
+			if mc.state == mcAway {
+				// Released (or closed by the broker) and told to resubscribe: some clients
+				// (pulsar-rs) close the consumer id before they subscribe it again, so the close
+				// keeps the consumer's place, as a closed connection does (keyshared contract 4);
+				// one that does not come back is rebalanced away after AwayTimeout. Leaving here
+				// would rebalance at once, release the other consumers, and with two such
+				// clients hand the buckets back and forth for ever.
+				mc.log("client closed a released managed Key_Shared consumer; its place is kept until it resubscribes or the away timeout passes",
+					"away_timeout", mc.s.srv.cfg.KeySharedAwayTimeout)
+				s.ksRemove(mc)
+			} else {
+				mc.forget("the client closed it")
+			}
 			s.writeOwn(toClient, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_SUCCESS.Enum(),
 				Success: &pulsarpb.CommandSuccess{RequestId: proto.Uint64(c.GetRequestId())}})
 			return actDone

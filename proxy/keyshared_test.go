@@ -20,6 +20,12 @@ const ksTopic = "persistent://t/n/managed"
 // managedCore is an established session of a server that manages ksTopic with 4 buckets.
 func managedCore(t *testing.T) *memLoop {
 	t.Helper()
+	return managedCoreWith(t, func(*Config) {})
+}
+
+// managedCoreWith is managedCore with more configuration.
+func managedCoreWith(t *testing.T, configure func(*Config)) *memLoop {
+	t.Helper()
 	ring, err := route.NewEqualBuckets(4)
 	if err != nil {
 		t.Fatal(err)
@@ -31,6 +37,7 @@ func managedCore(t *testing.T) *memLoop {
 			}
 			return nil
 		}
+		configure(c)
 	})
 }
 
@@ -209,6 +216,79 @@ func TestCoreManagedHandoffTimesOut(t *testing.T) {
 	}
 	if n := l.srv.m.keyShared[ksDrainTimeout].Load(); n != 1 {
 		t.Fatalf("drain timeouts counted %d, want 1", n)
+	}
+}
+
+// releasedAndMoved is managedCore after a handoff: consumer 1 ("a") was released for consumer
+// 2 ("b"), told to resubscribe (CLOSE_CONSUMER), and consumer 2 holds the upper half at the
+// broker. Both directions' output is taken.
+func releasedAndMoved(t *testing.T, configure func(*Config)) *memLoop {
+	t.Helper()
+	l := managedCoreWith(t, configure)
+	l.feed(l.client, frame(t, ksSubscribe(1, 10, "a")))
+	l.feed(l.broker, frame(t, ksSuccess(10)))
+	l.feed(l.client, frame(t, ksSubscribe(2, 11, "b")))
+	l.tick(250 * time.Millisecond)
+	got := decodeAll(t, l.broker.take())
+	l.client.take()
+	l.feed(l.broker, frame(t, ksSuccess(got[len(got)-1].GetCloseConsumer().GetRequestId())))
+	if got := decodeAll(t, l.client.take()); len(got) != 1 || got[0].GetCloseConsumer().GetConsumerId() != 1 {
+		t.Fatalf("client got %v; want CLOSE_CONSUMER of consumer 1", got)
+	}
+	if got := decodeAll(t, l.broker.take()); len(got) != 1 || got[0].GetSubscribe().GetConsumerId() != 2 {
+		t.Fatalf("broker got %v; want consumer 2's SUBSCRIBE", got)
+	}
+	l.feed(l.broker, frame(t, ksSuccess(11)))
+	l.client.take()
+	return l
+}
+
+func ksClose(consumer, req uint64) *pulsarpb.BaseCommand {
+	return &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_CONSUMER.Enum(),
+		CloseConsumer: &pulsarpb.CommandCloseConsumer{ConsumerId: proto.Uint64(consumer), RequestId: proto.Uint64(req)}}
+}
+
+// Given a managed consumer released for a rebalance and told to resubscribe, while another
+// consumer holds the buckets it gave up,
+// when its client closes that consumer id first (pulsar-rs closes before it resubscribes),
+// then the proxy answers the close itself, the consumer keeps its place (the other consumer is
+// not released: nothing reaches the broker), and the client's resubscribe under the same name
+// gets the lower half back at once.
+func TestCoreManagedCloseOfAReleasedConsumerKeepsItsPlace(t *testing.T) {
+	l := releasedAndMoved(t, func(*Config) {})
+
+	l.feed(l.client, frame(t, ksClose(1, 13)))
+
+	if got := decodeAll(t, l.client.take()); len(got) != 1 || got[0].GetSuccess().GetRequestId() != 13 {
+		t.Fatalf("client got %v; want SUCCESS for its close", got)
+	}
+	l.tick(250 * time.Millisecond)
+	if got := decodeAll(t, l.broker.take()); len(got) != 0 {
+		t.Fatalf("broker got %v; the consumer holding the upper half should stay as it is", got)
+	}
+	l.feed(l.client, frame(t, ksSubscribe(1, 14, "a")))
+	got := decodeAll(t, l.broker.take())
+	if len(got) != 1 || got[0].GetSubscribe().GetConsumerId() != 1 || stickyRanges(got[0])[0] != [2]int32{0, 32767} {
+		t.Fatalf("broker got %v; want consumer 1's resubscribe for the lower half", got)
+	}
+}
+
+// Given a managed consumer released for a rebalance, whose client then closed it,
+// when it does not resubscribe within the away timeout,
+// then the subscription is rebalanced without it: the remaining consumer is released to take
+// the whole ring.
+func TestCoreManagedClosedReleasedConsumerIsRebalancedAwayAfterTheAwayTimeout(t *testing.T) {
+	l := releasedAndMoved(t, func(c *Config) { c.KeySharedAwayTimeout = 20 * time.Millisecond })
+	l.feed(l.client, frame(t, ksClose(1, 13)))
+	l.client.take()
+
+	time.Sleep(100 * time.Millisecond) // the manager's away timer runs on the real clock
+
+	l.settle()
+	l.tick(250 * time.Millisecond)
+	got := decodeAll(t, l.broker.take())
+	if len(got) != 1 || got[0].GetCloseConsumer().GetConsumerId() != 2 || !isOwnID(got[0].GetCloseConsumer().GetRequestId()) {
+		t.Fatalf("broker got %v; want the proxy's CLOSE_CONSUMER of consumer 2 (released to take the whole ring)", got)
 	}
 }
 
