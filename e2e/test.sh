@@ -36,7 +36,7 @@ if ! command -v helm >/dev/null 2>&1; then
 fi
 
 if [ -x e2e/drivers/setup.sh ]; then
-  echo "== client drivers (Go, Java, Python)"
+  echo "== client drivers (Go, Java, Python, Rust)"
   e2e/drivers/setup.sh
 fi
 

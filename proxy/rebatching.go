@@ -733,7 +733,7 @@ func (r *rebatchPath) accountStats(e *engine, s rebatch.Stats) {
 		why        string
 	}{
 		{"numbering", 1, s.SendsUnsplittable, e.last.SendsUnsplittable,
-			"a send the policy would cut into more entries than its sequence ids can number (a batch numbered by one id mixing property groups, or keys under split_keys: pulsar-client-go before v0.10) is forwarded as the client built it"},
+			"a send the policy would cut into more entries than its sequence ids can number (a batch numbered by one id mixing property groups, or keys under split_keys: pulsar-client-go before v0.10, pulsar-rs) is forwarded as the client built it"},
 		{"out_of_order", 2, s.SendsOutOfOrder, e.last.SendsOutOfOrder,
 			"a send numbered at or below ids already sent (application-supplied sequence ids out of order) is forwarded as built, for the broker's de-duplication to judge as it would directly"},
 		{"resend_cut_differently", 4, s.PiecesStraddlingMark, e.last.PiecesStraddlingMark,

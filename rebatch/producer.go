@@ -708,7 +708,7 @@ func (p *Producer) explode(f *wire.Frame, s *wire.Send) ([]msgRef, error) {
 	p.atomic, p.mixedSeq = false, false
 	for i := 0; it.Next(); i++ {
 		m, meta := it.Message(), it.Meta()
-		// Clients that number batches, not messages (pulsar-client-go before v0.10), leave
+		// Clients that number batches, not messages (pulsar-client-go before v0.10, pulsar-rs), leave
 		// the messages' sequence ids unset: the whole batch is one id in their sequence space.
 		seq := s.SequenceID
 		if meta.HasSequenceID {

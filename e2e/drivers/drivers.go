@@ -49,6 +49,8 @@ const (
 	FeatureOrderingKey   Feature = "ordering-key"         // produce --ordering-key
 	FeatureObserveOrdKey Feature = "observe-ordering-key" // consumer reports ordering_key
 	FeatureObserveSeq    Feature = "observe-seq"          // consumer reports each message's sequence id
+	FeatureSchema        Feature = "schema"               // produce/consume --schema json|avro
+	FeatureNack          Feature = "nack-first"           // consume --nack-first K
 )
 
 // Quirk is a known misbehaviour of a released client. Drivers do not hide quirks; tests that meet
@@ -148,8 +150,35 @@ func All() ([]*Driver, error) {
 	return registry, registryErr
 }
 
-// ByName returns the driver called name, e.g. "go-v0.8.1" or "java-4.0.13".
+// Rust returns the pulsar-rs driver (rust/, pulsar-rs 6.9.1 pinned by its Cargo.lock): a
+// client written from the protocol rather than on the C++ library, built with cargo. It is not
+// among All(), so not in the compatibility matrix yet: it implements the produce and consume
+// subset of the command line that README.md lists, and answers any other flag as unsupported.
+func Rust() *Driver {
+	rustOnce.Do(func() {
+		rustDriver = &Driver{Name: "rust-6.9.1", Client: "rust", Version: "6.9.1", unsupported: map[Feature]string{
+			FeatureChunking:     "pulsar-rs has no producer chunking",
+			FeatureChunkSize:    "pulsar-rs has no producer chunking",
+			FeatureOrderingKey:  "the pulsar-rs driver sets no ordering key",
+			FeatureStickyRanges: "the pulsar-rs driver sets no Key_Shared sticky ranges",
+			FeatureObserveSeq:   "the pulsar-rs driver does not report sequence ids",
+			FeatureSchema:       "the pulsar-rs driver sends and reads bytes only",
+			FeatureNack:         "the pulsar-rs driver does not negative-acknowledge",
+		}}
+	})
+	return rustDriver
+}
+
+var (
+	rustOnce   sync.Once
+	rustDriver *Driver
+)
+
+// ByName returns the driver called name, e.g. "go-v0.8.1", "java-4.0.13" or "rust-6.9.1".
 func ByName(name string) (*Driver, error) {
+	if name == Rust().Name {
+		return Rust(), nil
+	}
 	all, err := All()
 	if err != nil {
 		return nil, err

@@ -23,6 +23,7 @@ const (
 	mavenTimeout     = 10 * time.Minute
 	javacTimeout     = 3 * time.Minute
 	pipTimeout       = 10 * time.Minute
+	cargoTimeout     = 10 * time.Minute
 	toolProbeTimeout = 30 * time.Second
 )
 
@@ -64,6 +65,8 @@ func (d *Driver) prepared(ctx context.Context) ([]string, error) {
 		argv, err = d.prepareJava(ctx, src, cache)
 	case "python":
 		argv, err = d.preparePython(ctx, src, cache)
+	case "rust":
+		argv, err = d.prepareRust(ctx, src, cache)
 	default:
 		err = fmt.Errorf("unknown client kind %q", d.Client)
 	}
@@ -176,6 +179,24 @@ func exists(p string) bool {
 	return err == nil
 }
 
+// copyFile copies src to a new file dst with mode perm.
+func copyFile(src, dst string, perm os.FileMode) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, perm)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		_ = out.Close()
+		return err
+	}
+	return out.Close()
+}
+
 // removeOthers deletes stale cache entries matching glob except keep.
 func removeOthers(glob, keep string) {
 	old, _ := filepath.Glob(glob)
@@ -234,6 +255,57 @@ func (d *Driver) prepareGo(ctx context.Context, cache string) ([]string, error) 
 		return nil, err
 	}
 	removeOthers(filepath.Join(cache, "go", d.Name+"-*"), dir)
+	return []string{bin}, nil
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rust: cargo build --locked of rust/ (pulsar-rs, pinned by Cargo.lock), from crates.io.
+
+func (d *Driver) prepareRust(ctx context.Context, src, cache string) ([]string, error) {
+	cargo, err := need("cargo", "builds the pulsar-rs driver")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := need("protoc", "pulsar-rs compiles Pulsar's protocol definitions at build time (Debian: protobuf-compiler)"); err != nil {
+		return nil, err
+	}
+	vctx, cancel := context.WithTimeout(ctx, toolProbeTimeout)
+	defer cancel()
+	cv, err := exec.CommandContext(vctx, cargo, "--version").Output()
+	if err != nil {
+		return nil, fmt.Errorf("cargo --version: %w", err)
+	}
+	dir := filepath.Join(src, "rust")
+	hash, err := hashFiles([]string{filepath.Join(dir, "Cargo.toml"), filepath.Join(dir, "Cargo.lock"),
+		filepath.Join(dir, "src", "main.rs")}, strings.TrimSpace(string(cv)), d.Name)
+	if err != nil {
+		return nil, err
+	}
+	out := filepath.Join(cache, "rust", d.Name+"-"+hash)
+	bin := filepath.Join(out, "driver")
+	if exists(bin) {
+		return []string{bin}, nil
+	}
+	// The target directory is kept across source changes: a changed driver recompiles only
+	// itself, not pulsar-rs and its dependencies.
+	target := filepath.Join(cache, "rust", "target")
+	if err := runStep(ctx, cargoTimeout, dir, nil, "crates.io", cargo,
+		"build", "--release", "--locked", "--target-dir", target); err != nil {
+		return nil, err
+	}
+	tmp := out + ".tmp"
+	_ = os.RemoveAll(tmp)
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		return nil, err
+	}
+	if err := copyFile(filepath.Join(target, "release", "pulsar-driver-rust"), filepath.Join(tmp, "driver"), 0o755); err != nil {
+		_ = os.RemoveAll(tmp)
+		return nil, err
+	}
+	if err := os.Rename(tmp, out); err != nil {
+		return nil, err
+	}
+	removeOthers(filepath.Join(cache, "rust", d.Name+"-*"), out)
 	return []string{bin}, nil
 }
 

@@ -39,7 +39,7 @@ func randomKeys(seed int64, size, invalidEvery, keylessOneIn, n int) []string {
 	pool := make([]string, size)
 	for i := range pool {
 		pool[i] = fmt.Sprintf("key-%08x", rnd.Uint32())
-		if i%invalidEvery == 0 {
+		if invalidEvery > 0 && i%invalidEvery == 0 {
 			pool[i] = fmt.Sprintf("\xff%c\xe2\x82-%d", 0x80+i%64, i)
 		}
 	}
