@@ -28,7 +28,9 @@ import (
 //     back through step 0 with its new block.
 //
 // A client's own CLOSE_CONSUMER of a managed consumer that comes within ackSettle of its last
-// ACK is held until the settle has passed, for the same reason as step 2's settle.
+// ACK is held until the settle has passed, for the same reason as step 2's settle. One of a
+// consumer already away (step 3) is answered by the proxy and keeps the consumer's place
+// (keyshared contract 4).
 //
 // Cost: sessions without a managed consumer pay one nil-map check per consumer frame. A session
 // with one reads consumer_id of each MESSAGE, FLOW, ACK and REDELIVER (no decode, no
