@@ -51,6 +51,8 @@ const (
 	FeatureObserveSeq    Feature = "observe-seq"          // consumer reports each message's sequence id
 	FeatureSchema        Feature = "schema"               // produce/consume --schema json|avro
 	FeatureNack          Feature = "nack-first"           // consume --nack-first K
+	FeatureTLSAuth       Feature = "tls-cert"             // --tls-cert-file/--tls-key-file: TLS client-certificate authentication
+	FeatureHTTPLookup    Feature = "http-lookup"          // an http:// or https:// service URL
 )
 
 // Quirk is a known misbehaviour of a released client. Drivers do not hide quirks; tests that meet
@@ -144,41 +146,31 @@ var (
 	registryErr  error
 )
 
-// All returns every driver: the Go versions found under go/v*/, then Java, then Python.
+// All returns every driver: the Go versions found under go/v*/, then Java, then Python, then Rust.
 func All() ([]*Driver, error) {
 	registryOnce.Do(func() { registry, registryErr = discover() })
 	return registry, registryErr
 }
 
-// Rust returns the pulsar-rs driver (rust/, pulsar-rs 6.9.1 pinned by its Cargo.lock): a
-// client written from the protocol rather than on the C++ library, built with cargo. It is not
-// among All(), so not in the compatibility matrix yet: it implements the produce and consume
-// subset of the command line that README.md lists, and answers any other flag as unsupported.
-func Rust() *Driver {
-	rustOnce.Do(func() {
-		rustDriver = &Driver{Name: "rust-6.9.1", Client: "rust", Version: "6.9.1", unsupported: map[Feature]string{
-			FeatureChunking:     "pulsar-rs has no producer chunking",
-			FeatureChunkSize:    "pulsar-rs has no producer chunking",
-			FeatureOrderingKey:  "the pulsar-rs driver sets no ordering key",
-			FeatureStickyRanges: "the pulsar-rs driver sets no Key_Shared sticky ranges",
-			FeatureObserveSeq:   "the pulsar-rs driver does not report sequence ids",
-			FeatureSchema:       "the pulsar-rs driver sends and reads bytes only",
-			FeatureNack:         "the pulsar-rs driver does not negative-acknowledge",
-		}}
-	})
-	return rustDriver
+// rustDriver is pulsar-rs (rust/, 6.9.1 pinned by its Cargo.lock): a client written from the
+// protocol rather than on the C++ library, built with cargo. It implements the shared command
+// line but for the features listed here, which it answers as unsupported.
+func rustDriver() *Driver {
+	return &Driver{Name: "rust-6.9.1", Client: "rust", Version: "6.9.1", unsupported: map[Feature]string{
+		FeatureChunking:     "pulsar-rs has no producer chunking",
+		FeatureChunkSize:    "pulsar-rs has no producer chunking",
+		FeatureOrderingKey:  "the pulsar-rs driver sets no ordering key",
+		FeatureStickyRanges: "the pulsar-rs driver sets no Key_Shared sticky ranges",
+		FeatureObserveSeq:   "the pulsar-rs driver does not report sequence ids",
+		FeatureSchema:       "the pulsar-rs driver sends and reads bytes only",
+		FeatureNack:         "the pulsar-rs driver does not negative-acknowledge",
+		FeatureTLSAuth:      "pulsar-rs has no TLS client-certificate authentication",
+		FeatureHTTPLookup:   "pulsar-rs takes pulsar:// and pulsar+ssl:// service URLs only",
+	}}
 }
-
-var (
-	rustOnce   sync.Once
-	rustDriver *Driver
-)
 
 // ByName returns the driver called name, e.g. "go-v0.8.1", "java-4.0.13" or "rust-6.9.1".
 func ByName(name string) (*Driver, error) {
-	if name == Rust().Name {
-		return Rust(), nil
-	}
 	all, err := All()
 	if err != nil {
 		return nil, err
@@ -247,7 +239,7 @@ func discover() ([]*Driver, error) {
 		}
 		out = append(out, d)
 	}
-	return out, nil
+	return append(out, rustDriver()), nil
 }
 
 // semverLess compares dotted versions with an optional leading "v", numerically.

@@ -461,7 +461,7 @@ func TestManagedKeySharedGivesDefaultConsumersWholeBuckets(t *testing.T) {
 // at the join, per-key order holds, and nothing is lost or delivered twice.
 func TestManagedKeySharedWithAClientThatClosesBeforeResubscribing(t *testing.T) {
 	b := harness.Default(t)
-	rs := preparedDriver(t, drivers.Rust().Name)
+	rs := preparedDriver(t, "rust-6.9.1")
 	ns := newNamespace(t, b, "managed-rust")
 	topic := "persistent://" + ns + "/t"
 	url := startProxy(t, b, ns, rebatch.Policy{Kind: rebatch.Buckets, Buckets: 4, MaxDelay: 5 * time.Millisecond})

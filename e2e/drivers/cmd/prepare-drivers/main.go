@@ -1,6 +1,5 @@
 // Command prepare-drivers builds or installs the e2e client drivers into their cache (see
-// ../../README.md). With no arguments it prepares every driver (drivers.All and drivers.Rust);
-// otherwise the named ones.
+// ../../README.md). With no arguments it prepares every driver; otherwise the named ones.
 //
 //	go run ./e2e/drivers/cmd/prepare-drivers [-list] [name ...]
 package main
@@ -24,7 +23,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	selected := append(all[:len(all):len(all)], drivers.Rust())
+	selected := all
 	if flag.NArg() > 0 {
 		selected = nil
 		for _, n := range flag.Args() {

@@ -12,7 +12,9 @@ use pulsar::{
     compression::{Compression, CompressionLz4, CompressionSnappy, CompressionZlib, CompressionZstd},
     consumer::{ConsumerOptions, InitialPosition},
     message::proto::{command_subscribe::SubType, MessageIdData},
-    producer, Authentication, Consumer, Pulsar, TokioExecutor,
+    producer,
+    routing_policy::RoutingPolicy,
+    Authentication, Consumer, OperationRetryOptions, Pulsar, TokioExecutor,
 };
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
@@ -111,7 +113,24 @@ fn format_id(id: &MessageIdData) -> String {
 }
 
 async fn client(f: &Flags) -> Result<Pulsar<TokioExecutor>, pulsar::Error> {
-    let mut b = Pulsar::builder(f.need("url"), TokioExecutor);
+    let url = f.need("url");
+    if url.starts_with("http://") || url.starts_with("https://") {
+        unsupported("http-lookup", "pulsar-rs takes pulsar:// and pulsar+ssl:// service URLs only (no HTTP lookup)");
+    }
+    if f.str("tls-cert-file").is_some() || f.str("tls-key-file").is_some() {
+        unsupported("tls-cert", "pulsar-rs has no TLS client-certificate authentication");
+    }
+    // pulsar-rs retries an operation the broker refuses as busy or not ready (a second consumer
+    // of an Exclusive subscription: ConsumerBusy) every 5 s for ever by default, where the other
+    // clients fail it at once; two retries let such a refusal reach the caller. It has no send
+    // timeout of its own: a send is one of its operations, bounded by the operation timeout
+    // (--send-timeout-ms 0, none: the longest it takes).
+    let mut retry = OperationRetryOptions { max_retries: Some(2), ..Default::default() };
+    if let Some(ms) = f.str("send-timeout-ms") {
+        let ms: u64 = ms.parse().unwrap_or_else(|_| usage(&format!("--send-timeout-ms: not a number: {ms}")));
+        retry.operation_timeout = if ms == 0 { Duration::from_secs(u32::MAX as u64) } else { Duration::from_millis(ms) };
+    }
+    let mut b = Pulsar::builder(url, TokioExecutor).with_operation_retry_options(retry);
     if let Some(tok) = f.str("token") {
         b = b.with_auth(Authentication { name: "token".to_string(), data: tok.as_bytes().to_vec() });
     }
@@ -148,7 +167,7 @@ fn expand(v: &str, i: i64) -> String {
 const PRODUCE_FLAGS: &[&str] = &[
     "url", "topic", "count", "batching", "batch-max-messages", "batch-max-bytes", "batch-delay-ms", "batcher",
     "key-mode", "keys", "properties", "compression", "size", "schema", "sync", "producer-name", "token",
-    "tls-trust-certs", "timeout-ms",
+    "tls-trust-certs", "tls-cert-file", "tls-key-file", "send-timeout-ms", "timeout-ms",
 ];
 
 async fn produce(f: Flags) -> i32 {
@@ -186,7 +205,15 @@ async fn produce(f: Flags) -> i32 {
         .collect();
     // The shared command line's default is batching on, as in the other clients; pulsar-rs
     // batches only when given a batch size.
-    let mut opts = producer::ProducerOptions { compression, block_queue_if_full: true, ..Default::default() };
+    // Partitioned topics: pulsar-rs's default (no routing policy) sends round robin whatever
+    // the key; its RoundRobin policy routes a keyed message by the key's hash, as the other
+    // clients do by default.
+    let mut opts = producer::ProducerOptions {
+        compression,
+        block_queue_if_full: true,
+        routing_policy: Some(RoutingPolicy::RoundRobin),
+        ..Default::default()
+    };
     if f.bool("batching", true) {
         opts.batch_size = Some(f.int("batch-max-messages", 1000).max(2) as u32);
         opts.batch_byte_size = Some(f.int("batch-max-bytes", 128 * 1024).max(1) as usize);
@@ -280,7 +307,7 @@ async fn produce(f: Flags) -> i32 {
 
 const CONSUME_FLAGS: &[&str] = &[
     "url", "topic", "sub", "type", "count", "idle-ms", "timeout-ms", "schema", "token", "tls-trust-certs",
-    "initial-position", "consumer-name",
+    "tls-cert-file", "tls-key-file", "initial-position", "consumer-name",
 ];
 
 async fn consume(f: Flags, deadline: Instant) -> i32 {
