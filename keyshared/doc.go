@@ -38,10 +38,12 @@
 //     meanwhile, and its count against the bucket limit of contract 2) for AwayTimeout, even
 //     when its connection closes (clients often resubscribe on a new connection); if it has not
 //     resubscribed by then, it is removed and the group rebalanced without it. The client's own
-//     close of a released consumer keeps its place too: some clients (pulsar-rs) close the
-//     consumer id before they subscribe it again, and leaving there would rebalance at once and
-//     release the others, for ever with two such clients. A consumer that is not released
-//     leaves when its client closes it or its connection closes.
+//     close of a consumer within 2 s of being told to resubscribe keeps its place too: some
+//     clients (pulsar-rs) close the consumer id before they subscribe it again, and leaving
+//     there would rebalance at once and release the others, for ever with two such clients.
+//     The cost, when it was the application closing it: its block stays unowned, and counts
+//     against the bucket limit, for AwayTimeout. A consumer that is not released, or closed
+//     later, leaves when its client closes it or its connection closes.
 //  5. Scope. The manager sees the consumers of one proxy process. Consumers of the same
 //     subscription reaching the broker another way (directly, or through a second proxy)
 //     hold ranges this manager does not know: the broker refuses whichever subscribe overlaps

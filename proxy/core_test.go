@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -101,20 +102,31 @@ type memLoop struct {
 	s       *session
 	client  *memSide
 	broker  *memSide
-	targets []string // the dial of the session, if any
+	targets []string   // the dial of the session, if any
+	tasksMu sync.Mutex // later may be called from other goroutines (the keyshared manager's timers)
 	tasks   []func()
 	now     time.Time
 	logs    *logBuffer
 }
 
 func (l *memLoop) run(f func()) error { l.later(f); return nil }
-func (l *memLoop) later(f func())     { l.tasks = append(l.tasks, f) }
+func (l *memLoop) later(f func()) {
+	l.tasksMu.Lock()
+	l.tasks = append(l.tasks, f)
+	l.tasksMu.Unlock()
+}
 
 // settle runs queued tasks until none is left.
 func (l *memLoop) settle() {
-	for len(l.tasks) > 0 {
+	for {
+		l.tasksMu.Lock()
+		if len(l.tasks) == 0 {
+			l.tasksMu.Unlock()
+			return
+		}
 		f := l.tasks[0]
 		l.tasks = l.tasks[1:]
+		l.tasksMu.Unlock()
 		f()
 	}
 }

@@ -54,6 +54,12 @@ const (
 // of duplicates in e2e/rebatch's managed spec; none with the pause).
 const ackSettle = 200 * time.Millisecond
 
+// resubscribeCloseGrace is how soon after being told to resubscribe a client's own close of
+// the consumer counts as the first step of its resubscribe (pulsar-rs closes the id at once,
+// before its lookup) and keeps the consumer's place; a later close is the application's, and
+// the consumer leaves, as any closed consumer does.
+const resubscribeCloseGrace = 2 * time.Second
+
 type mcState uint8
 
 const (
@@ -89,6 +95,7 @@ type managedConsumer struct {
 	// lastAck is when the client last acknowledged something for it (unix ns); heldClose, the
 	// client's CLOSE_CONSUMER held until closeAt, ackSettle after that acknowledgment.
 	lastAck   int64
+	awayAt    int64 // when the client was told to resubscribe (unix ns)
 	heldClose []byte
 	closeAt   int64
 	reqID     uint64 // the request id of what is at the broker for it (subscribe, close)
@@ -281,6 +288,7 @@ func (mc *managedConsumer) closed() {
 		mc.answerClientClose()
 		return
 	}
+	mc.awayAt = mc.s.nowNS()
 	mc.log("managed Key_Shared consumer released; the client resubscribes for its new buckets")
 	mc.s.writeOwn(toClient, &pulsarpb.BaseCommand{Type: pulsarpb.BaseCommand_CLOSE_CONSUMER.Enum(),
 		CloseConsumer: &pulsarpb.CommandCloseConsumer{ConsumerId: proto.Uint64(mc.id), RequestId: proto.Uint64(^uint64(0))}})
@@ -386,14 +394,15 @@ func (s *session) ksFromClient(f wire.Frame) frameAction {
 		}
 		if mc.state == mcHeld || mc.state == mcAway {
 			// Nothing of it at the broker: the proxy answers the close itself.
-			if mc.state == mcAway {
-				// Released (or closed by the broker) and told to resubscribe: some clients
-				// (pulsar-rs) close the consumer id before they subscribe it again, so the close
-				// keeps the consumer's place, as a closed connection does (keyshared contract 4);
-				// one that does not come back is rebalanced away after AwayTimeout. Leaving here
-				// would rebalance at once, release the other consumers, and with two such
-				// clients hand the buckets back and forth for ever.
-				mc.log("client closed a released managed Key_Shared consumer; its place is kept until it resubscribes or the away timeout passes",
+			if mc.state == mcAway && s.nowNS()-mc.awayAt <= int64(resubscribeCloseGrace) {
+				// Just told to resubscribe: some clients (pulsar-rs) close the consumer id
+				// before they subscribe it again, so the close keeps the consumer's place, as a
+				// closed connection does (keyshared contract 4); one that does not come back is
+				// rebalanced away after AwayTimeout. Leaving here would rebalance at once,
+				// release the other consumers, and with two such clients hand the buckets back
+				// and forth for ever.
+				s.srv.m.keyShared[ksCloseKept].Add(1)
+				mc.log("client closed a managed Key_Shared consumer just told to resubscribe; its place is kept until it resubscribes or the away timeout passes",
 					"away_timeout", mc.s.srv.cfg.KeySharedAwayTimeout)
 				s.ksRemove(mc)
 			} else {
@@ -467,7 +476,7 @@ func (s *session) ksFromBroker(f wire.Frame) frameAction {
 			// either way the client resubscribes as after a release, told by this very frame.
 			s.srv.m.keyShared[ksBrokerClosed].Add(1)
 			mc.settleAt, mc.drainAt = 0, 0
-			mc.state = mcAway
+			mc.state, mc.awayAt = mcAway, s.nowNS()
 			mc.pending = map[wire.EntryID]struct{}{}
 			if mc.clientClose != 0 {
 				mc.answerClientClose()

@@ -250,8 +250,8 @@ func ksClose(consumer, req uint64) *pulsarpb.BaseCommand {
 
 // Given a managed consumer released for a rebalance and told to resubscribe, while another
 // consumer holds the buckets it gave up,
-// when its client closes that consumer id first (pulsar-rs closes before it resubscribes),
-// then the proxy answers the close itself, the consumer keeps its place (the other consumer is
+// when its client closes that consumer id at once (pulsar-rs closes before it resubscribes),
+// then the proxy answers the close itself, counts it, the consumer keeps its place (the other consumer is
 // not released: nothing reaches the broker), and the client's resubscribe under the same name
 // gets the lower half back at once.
 func TestCoreManagedCloseOfAReleasedConsumerKeepsItsPlace(t *testing.T) {
@@ -261,6 +261,9 @@ func TestCoreManagedCloseOfAReleasedConsumerKeepsItsPlace(t *testing.T) {
 
 	if got := decodeAll(t, l.client.take()); len(got) != 1 || got[0].GetSuccess().GetRequestId() != 13 {
 		t.Fatalf("client got %v; want SUCCESS for its close", got)
+	}
+	if n := l.srv.m.keyShared[ksCloseKept].Load(); n != 1 {
+		t.Fatalf("client_close_kept counted %d, want 1", n)
 	}
 	l.tick(250 * time.Millisecond)
 	if got := decodeAll(t, l.broker.take()); len(got) != 0 {
@@ -273,18 +276,42 @@ func TestCoreManagedCloseOfAReleasedConsumerKeepsItsPlace(t *testing.T) {
 	}
 }
 
-// Given a managed consumer released for a rebalance, whose client then closed it,
+// Given a managed consumer released for a rebalance, whose client closed it at once,
 // when it does not resubscribe within the away timeout,
-// then the subscription is rebalanced without it: the remaining consumer is released to take
-// the whole ring.
+// then the subscription is rebalanced without it, and only then: the remaining consumer is
+// released to take the whole ring.
 func TestCoreManagedClosedReleasedConsumerIsRebalancedAwayAfterTheAwayTimeout(t *testing.T) {
-	l := releasedAndMoved(t, func(c *Config) { c.KeySharedAwayTimeout = 20 * time.Millisecond })
+	l := releasedAndMoved(t, func(c *Config) { c.KeySharedAwayTimeout = 300 * time.Millisecond })
 	l.feed(l.client, frame(t, ksClose(1, 13)))
 	l.client.take()
+	l.tick(250 * time.Millisecond)
+	if got := decodeAll(t, l.broker.take()); len(got) != 0 {
+		t.Fatalf("broker got %v before the away timeout", got)
+	}
 
-	time.Sleep(100 * time.Millisecond) // the manager's away timer runs on the real clock
+	time.Sleep(400 * time.Millisecond) // the manager's away timer runs on the real clock
 
 	l.settle()
+	l.tick(250 * time.Millisecond)
+	got := decodeAll(t, l.broker.take())
+	if len(got) != 1 || got[0].GetCloseConsumer().GetConsumerId() != 2 || !isOwnID(got[0].GetCloseConsumer().GetRequestId()) {
+		t.Fatalf("broker got %v; want the proxy's CLOSE_CONSUMER of consumer 2 (released to take the whole ring)", got)
+	}
+}
+
+// Given a managed consumer released for a rebalance and told to resubscribe,
+// when its client closes it only after resubscribeCloseGrace (the application closing it,
+// not a client's first step of a resubscribe),
+// then the consumer leaves at once: the remaining consumer is released to take the whole ring.
+func TestCoreManagedLateCloseOfAReleasedConsumerLeaves(t *testing.T) {
+	l := releasedAndMoved(t, func(*Config) {})
+	l.tick(resubscribeCloseGrace + time.Millisecond)
+
+	l.feed(l.client, frame(t, ksClose(1, 13)))
+
+	if got := decodeAll(t, l.client.take()); len(got) != 1 || got[0].GetSuccess().GetRequestId() != 13 {
+		t.Fatalf("client got %v; want SUCCESS for its close", got)
+	}
 	l.tick(250 * time.Millisecond)
 	got := decodeAll(t, l.broker.take())
 	if len(got) != 1 || got[0].GetCloseConsumer().GetConsumerId() != 2 || !isOwnID(got[0].GetCloseConsumer().GetRequestId()) {

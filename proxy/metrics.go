@@ -138,9 +138,10 @@ const (
 	ksRetry
 	ksDropped
 	ksBrokerClosed
+	ksCloseKept
 )
 
-var ksEvents = [...]string{"grant", "release", "drained", "drain_timeout", "refused", "subscribe_retry", "message_dropped", "broker_closed"}
+var ksEvents = [...]string{"grant", "release", "drained", "drain_timeout", "refused", "subscribe_retry", "message_dropped", "broker_closed", "client_close_kept"}
 
 // metrics holds every counter of a Server. All fields are updated with
 // atomics from event loops and read by Collect on the HTTP goroutine.
@@ -217,7 +218,7 @@ func newMetrics() *metrics {
 			"Proxy-managed Key_Shared subscriptions (buckets policy): buckets granted to a consumer (grant), consumers released for a rebalance (release) "+
 				"after acknowledging everything they were sent (drained) or when key-shared-handoff-timeout passed first (drain_timeout: the broker redelivers what was unacknowledged), "+
 				"consumers refused for want of a bucket (refused), subscribes retried after the broker refused overlapping ranges (subscribe_retry), "+
-				"messages the broker sent a consumer already being closed, dropped for the broker to redeliver (message_dropped), and consumers the broker closed itself (broker_closed).", []string{"event"}, nil),
+				"messages the broker sent a consumer already being closed, dropped for the broker to redeliver (message_dropped), consumers the broker closed itself (broker_closed), and clients' closes of a consumer just told to resubscribe that kept its place (client_close_kept).", []string{"event"}, nil),
 		descBrokerPorts: prometheus.NewDesc("rebatchproxy_broker_port_connections_total",
 			"Client connections accepted on each port per broker (broker-ports-listen, broker-ports-tls-listen): clients that looked their topics up over HTTP.", []string{"broker", "tls"}, nil),
 		descKnown: prometheus.NewDesc("rebatchproxy_known_brokers",

@@ -13,7 +13,7 @@
 //     is checked on the broker directly before any driver runs; if it does not hold, the test
 //     fails.
 //   - Each cell is pass, FAIL or unsupported. A cell is unsupported only when the driver itself
-//     refused the request with its "unsupported" exit (the client version lacks the feature) and
+//     refused the request with its "unsupported" exit (the client version, or its driver, lacks the feature) and
 //     the driver table (drivers.Driver.Supports) agrees; a refusal the table does not expect is a
 //     FAIL. Unsupported never counts as pass.
 //   - Every check reads what really happened: the client's acks and deliveries, and what the

@@ -54,7 +54,7 @@ func renderColumns(m *matrix, all []*drivers.Driver, columns []column, heading s
 	}
 	fmt.Fprintf(&b, "\n%d cells: %d pass, %d FAIL, %d unsupported.\n", len(all)*len(columns), counts[pass], counts[fail], counts[unsupported])
 	if len(notes) > 0 {
-		b.WriteString("\nUnsupported (the driver refused; the client version lacks the feature):\n\n")
+		b.WriteString("\nUnsupported (the driver refused; the client version, or its driver, lacks the feature):\n\n")
 		b.WriteString(strings.Join(notes, "\n") + "\n")
 	}
 	if len(failures) > 0 {

@@ -215,9 +215,15 @@ async fn produce(f: Flags) -> i32 {
         ..Default::default()
     };
     if f.bool("batching", true) {
-        opts.batch_size = Some(f.int("batch-max-messages", 1000).max(2) as u32);
-        opts.batch_byte_size = Some(f.int("batch-max-bytes", 128 * 1024).max(1) as usize);
-        opts.batch_timeout = Some(Duration::from_millis(f.int("batch-delay-ms", 10).max(1) as u64));
+        let n = f.int("batch-max-messages", 1000);
+        let bytes = f.int("batch-max-bytes", 128 * 1024);
+        let delay = f.int("batch-delay-ms", 10);
+        if n < 1 || bytes < 1 || delay < 0 {
+            usage("--batch-max-messages and --batch-max-bytes must be positive, --batch-delay-ms not negative");
+        }
+        opts.batch_size = Some(n as u32); // 1: pulsar-rs sends each message on its own
+        opts.batch_byte_size = Some(bytes as usize);
+        opts.batch_timeout = Some(Duration::from_millis(delay as u64));
     }
     let pulsar = match client(&f).await {
         Ok(p) => p,
