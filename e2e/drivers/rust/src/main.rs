@@ -164,6 +164,16 @@ fn expand(v: &str, i: i64) -> String {
     out
 }
 
+/// The first fields of a run's summary line.
+fn summary_head(op: &str, count: i64) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("kind".into(), json!("summary"));
+    m.insert("op".into(), json!(op));
+    m.insert("client".into(), json!(CLIENT));
+    m.insert("count".into(), json!(count));
+    m
+}
+
 const PRODUCE_FLAGS: &[&str] = &[
     "url", "topic", "count", "batching", "batch-max-messages", "batch-max-bytes", "batch-delay-ms", "batcher",
     "key-mode", "keys", "properties", "compression", "size", "schema", "sync", "producer-name", "token",
@@ -173,11 +183,7 @@ const PRODUCE_FLAGS: &[&str] = &[
 async fn produce(f: Flags) -> i32 {
     let start = Instant::now();
     let count = f.int("count", 0);
-    let mut summary = Map::new();
-    summary.insert("kind".into(), json!("summary"));
-    summary.insert("op".into(), json!("produce"));
-    summary.insert("client".into(), json!(CLIENT));
-    summary.insert("count".into(), json!(count));
+    let mut summary = summary_head("produce", count);
     if !matches!(f.str("schema"), None | Some("bytes")) {
         unsupported("schema", "this driver sends bytes only");
     }
@@ -320,11 +326,7 @@ async fn consume(f: Flags, deadline: Instant) -> i32 {
     let start = Instant::now();
     let count = f.int("count", 0);
     let idle = Duration::from_millis(f.int("idle-ms", 5000).max(1) as u64);
-    let mut summary = Map::new();
-    summary.insert("kind".into(), json!("summary"));
-    summary.insert("op".into(), json!("consume"));
-    summary.insert("client".into(), json!(CLIENT));
-    summary.insert("count".into(), json!(count));
+    let mut summary = summary_head("consume", count);
     if !matches!(f.str("schema"), None | Some("bytes")) {
         unsupported("schema", "this driver reads bytes only");
     }
