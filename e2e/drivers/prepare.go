@@ -197,6 +197,29 @@ func copyFile(src, dst string, perm os.FileMode) error {
 	return out.Close()
 }
 
+// publishEntry makes the cache entry dir: fill writes it into a fresh dir+".tmp", which is
+// then renamed into place, so that an entry exists only once complete (a build killed halfway
+// leaves only a .tmp, redone next time). The other entries matching stale (a glob; "": none)
+// are then deleted.
+func publishEntry(dir, stale string, fill func(tmp string) error) error {
+	tmp := dir + ".tmp"
+	_ = os.RemoveAll(tmp)
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		return err
+	}
+	if err := fill(tmp); err != nil {
+		_ = os.RemoveAll(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return err
+	}
+	if stale != "" {
+		removeOthers(stale, dir)
+	}
+	return nil
+}
+
 // removeOthers deletes stale cache entries matching glob except keep.
 func removeOthers(glob, keep string) {
 	old, _ := filepath.Glob(glob)
@@ -240,21 +263,13 @@ func (d *Driver) prepareGo(ctx context.Context, cache string) ([]string, error) 
 	if exists(bin) {
 		return []string{bin}, nil
 	}
-	tmp := dir + ".tmp"
-	_ = os.RemoveAll(tmp)
-	if err := os.MkdirAll(tmp, 0o755); err != nil {
-		return nil, err
-	}
 	env := []string{"GOFLAGS=-mod=readonly -buildvcs=false", "GOTOOLCHAIN=local", "GOWORK=off"}
-	if err := runStep(ctx, goBuildTimeout, d.goDir, env, "Go module proxy", goTool,
-		"build", "-trimpath", "-o", filepath.Join(tmp, "driver"), "."); err != nil {
-		_ = os.RemoveAll(tmp)
+	if err := publishEntry(dir, filepath.Join(cache, "go", d.Name+"-*"), func(tmp string) error {
+		return runStep(ctx, goBuildTimeout, d.goDir, env, "Go module proxy", goTool,
+			"build", "-trimpath", "-o", filepath.Join(tmp, "driver"), ".")
+	}); err != nil {
 		return nil, err
 	}
-	if err := os.Rename(tmp, dir); err != nil {
-		return nil, err
-	}
-	removeOthers(filepath.Join(cache, "go", d.Name+"-*"), dir)
 	return []string{bin}, nil
 }
 
@@ -293,19 +308,11 @@ func (d *Driver) prepareRust(ctx context.Context, src, cache string) ([]string, 
 		"build", "--release", "--locked", "--target-dir", target); err != nil {
 		return nil, err
 	}
-	tmp := out + ".tmp"
-	_ = os.RemoveAll(tmp)
-	if err := os.MkdirAll(tmp, 0o755); err != nil {
+	if err := publishEntry(out, filepath.Join(cache, "rust", d.Name+"-*"), func(tmp string) error {
+		return copyFile(filepath.Join(target, "release", "pulsar-driver-rust"), filepath.Join(tmp, "driver"), 0o755)
+	}); err != nil {
 		return nil, err
 	}
-	if err := copyFile(filepath.Join(target, "release", "pulsar-driver-rust"), filepath.Join(tmp, "driver"), 0o755); err != nil {
-		_ = os.RemoveAll(tmp)
-		return nil, err
-	}
-	if err := os.Rename(tmp, out); err != nil {
-		return nil, err
-	}
-	removeOthers(filepath.Join(cache, "rust", d.Name+"-*"), out)
 	return []string{bin}, nil
 }
 
@@ -363,23 +370,23 @@ func (d *Driver) prepareJava(ctx context.Context, src, cache string) ([]string, 
 		if err := os.WriteFile(filepath.Join(base, "pom.xml"), []byte(fmt.Sprintf(pomTemplate, d.Version)), 0o644); err != nil {
 			return nil, err
 		}
-		tmp := lib + ".tmp"
-		_ = os.RemoveAll(tmp)
 		_ = os.RemoveAll(lib)
-		if err := runStep(ctx, mavenTimeout, base, nil, "Maven Central", mvn, "-B", "-q", "-f", "pom.xml",
-			"dependency:copy-dependencies", "-DoutputDirectory="+tmp, "-DincludeScope=runtime"); err != nil {
+		var names []string
+		if err := publishEntry(lib, "", func(tmp string) error {
+			if err := runStep(ctx, mavenTimeout, base, nil, "Maven Central", mvn, "-B", "-q", "-f", "pom.xml",
+				"dependency:copy-dependencies", "-DoutputDirectory="+tmp, "-DincludeScope=runtime"); err != nil {
+				return err
+			}
+			jars, _ := filepath.Glob(filepath.Join(tmp, "*.jar"))
+			if !exists(filepath.Join(tmp, "pulsar-client-"+d.Version+".jar")) {
+				return fmt.Errorf("maven copied %d jars but not pulsar-client-%s.jar", len(jars), d.Version)
+			}
+			for _, j := range jars {
+				names = append(names, filepath.Base(j))
+			}
+			return nil
+		}); err != nil {
 			return nil, err
-		}
-		jars, _ := filepath.Glob(filepath.Join(tmp, "*.jar"))
-		if !exists(filepath.Join(tmp, "pulsar-client-"+d.Version+".jar")) {
-			return nil, fmt.Errorf("maven copied %d jars but not pulsar-client-%s.jar", len(jars), d.Version)
-		}
-		if err := os.Rename(tmp, lib); err != nil {
-			return nil, err
-		}
-		names := make([]string, len(jars))
-		for i, j := range jars {
-			names[i] = filepath.Base(j)
 		}
 		if err := os.WriteFile(marker, []byte(strings.Join(names, "\n")+"\n"), 0o644); err != nil {
 			return nil, err
@@ -403,17 +410,12 @@ func (d *Driver) prepareJava(ctx context.Context, src, cache string) ([]string, 
 	if exists(classes) {
 		return argv, nil
 	}
-	tmp := classes + ".tmp"
-	_ = os.RemoveAll(tmp)
-	if err := runStep(ctx, javacTimeout, base, nil, "", javac, "-nowarn", "-encoding", "UTF-8",
-		"-d", tmp, "-cp", filepath.Join(lib, "*"), source); err != nil {
-		_ = os.RemoveAll(tmp)
+	if err := publishEntry(classes, filepath.Join(base, "classes-*"), func(tmp string) error {
+		return runStep(ctx, javacTimeout, base, nil, "", javac, "-nowarn", "-encoding", "UTF-8",
+			"-d", tmp, "-cp", filepath.Join(lib, "*"), source)
+	}); err != nil {
 		return nil, err
 	}
-	if err := os.Rename(tmp, classes); err != nil {
-		return nil, err
-	}
-	removeOthers(filepath.Join(base, "classes-*"), classes)
 	return argv, nil
 }
 
