@@ -28,6 +28,36 @@ func TestProcCPUReadsAProcessesCPUTime(t *testing.T) {
 	}
 }
 
+// Given /proc/stat texts,
+// when they are parsed,
+// then busy time counts every column but idle and iowait, cores are the per-core lines, and a
+// text without the aggregate line or with a short one is an error.
+func TestParseProcStatCountsBusyTimeAndCores(t *testing.T) {
+	for _, tc := range []struct {
+		name, text string
+		busy       time.Duration
+		cores      int
+		err        bool
+	}{
+		{"two cores", "cpu  100 2 30 5000 40 1 7 9 0 0\ncpu0 50 1 15 2500 20 0 3 4 0 0\ncpu1 50 1 15 2500 20 1 4 5 0 0\nintr 1 2\n",
+			149 * time.Second / 100, 2, false},
+		{"no aggregate line", "cpu0 1 2 3 4 5 6 7 8\n", 0, 0, true},
+		{"short line", "cpu 1 2 3\ncpu0 1 2 3\n", 0, 0, true},
+		{"empty", "", 0, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			busy, cores, err := parseProcStat(tc.text)
+
+			if (err != nil) != tc.err || busy != tc.busy || cores != tc.cores {
+				t.Fatalf("got %v, %d, %v; want %v, %d, error %v", busy, cores, err, tc.busy, tc.cores, tc.err)
+			}
+		})
+	}
+	if _, cores, err := MachineCPU(); err != nil || cores < 1 {
+		t.Fatalf("this machine's /proc/stat: %d cores, %v", cores, err)
+	}
+}
+
 // Given a child's output,
 // when it prints its address after other lines, ends without printing it, or stays silent,
 // then WaitListening returns the address, or says it exited, or says it timed out.

@@ -57,6 +57,9 @@ type result struct {
 	sysCPU     time.Duration // the part of cpu spent in the kernel (system time)
 	clientCPU  time.Duration // CPU time of this process (the client) during the run
 	brokerCPU  time.Duration // CPU time of the broker process (with -broker-pid)
+	// machineBusy is the busy time of all the machine's cores during the sends (elapsed):
+	// every process's, the bench's, the broker's and the proxies' included (harness.MachineCPU).
+	machineBusy time.Duration
 }
 
 // target is where the client connects: the broker itself or a proxy process.
@@ -206,6 +209,7 @@ func combine(acc, x result, first bool) result {
 	out.sysCPU += x.sysCPU
 	out.clientCPU += x.clientCPU
 	out.brokerCPU += x.brokerCPU
+	out.machineBusy += x.machineBusy
 	return out
 }
 
@@ -233,8 +237,8 @@ func selfCPU() time.Duration {
 
 func printRow(w workload, targets []target, res []result) {
 	fmt.Printf("%s (%d messages per run)\n", w.name, w.n)
-	fmt.Printf("  %-7s %10s %8s %8s %8s %10s %12s %9s %9s   %s\n", "target", "msg/s", "MB/s", "p50 ms", "p99 ms", "proxy CPU", "msg/CPU-s", "thr/dir", "+p50 ms",
-		"CPU ms per 1000 msgs: proxy (kernel) client broker")
+	fmt.Printf("  %-7s %10s %8s %8s %8s %10s %12s %9s %9s   %-51s %s\n", "target", "msg/s", "MB/s", "p50 ms", "p99 ms", "proxy CPU", "msg/CPU-s", "thr/dir", "+p50 ms",
+		"CPU ms per 1000 msgs: proxy (kernel) client broker", "machine: busy, CPU ms per 1000 msgs, ceiling")
 	d := res[0]
 	for i, t := range targets {
 		r := res[i]
@@ -255,10 +259,28 @@ func printRow(w workload, targets []target, res []result) {
 		if r.cpu > 0 {
 			proxy += " (" + per1k(r.sysCPU) + ")"
 		}
-		fmt.Printf("  %-7s %10.0f %8.1f %8s %8s %10s %12s %8.2fx %+9.2f   %s %s %s\n", t.name, r.msgs, r.mbps, ms(r.p50), ms(r.p99),
-			cpu, per, r.msgs/d.msgs, float64(r.p50-d.p50)/1e6, proxy, per1k(r.clientCPU), per1k(r.brokerCPU))
+		fmt.Printf("  %-7s %10.0f %8.1f %8s %8s %10s %12s %8.2fx %+9.2f   %-51s %s\n", t.name, r.msgs, r.mbps, ms(r.p50), ms(r.p99),
+			cpu, per, r.msgs/d.msgs, float64(r.p50-d.p50)/1e6, proxy+" "+per1k(r.clientCPU)+" "+per1k(r.brokerCPU), machineColumns(r, d))
 	}
 	fmt.Println()
+}
+
+// machineColumns gives r's machine figures: how busy all cores were during its sends, their
+// busy time per 1000 messages, and the ceiling, direct's busy time per message over r's: the
+// throughput over direct that r would reach if both kept the machine saturated. When both run
+// near 100 % busy, a throughput under the ceiling is time lost waiting, and the ceiling itself is
+// what the CPU the target adds (the proxy's, and whatever it makes the others spend) leaves.
+func machineColumns(r, d result) string {
+	if r.elapsed <= 0 || r.n == 0 || machineCores == 0 {
+		return "-"
+	}
+	busy := float64(r.machineBusy) / float64(r.elapsed) / float64(machineCores)
+	per1k := r.machineBusy.Seconds() * 1e6 / float64(r.n)
+	ceiling := "-"
+	if r.machineBusy > 0 && d.machineBusy > 0 {
+		ceiling = fmt.Sprintf("%.2fx", (float64(d.machineBusy)/float64(d.n))/(float64(r.machineBusy)/float64(r.n)))
+	}
+	return fmt.Sprintf("%3.0f%% %.1f %s", busy*100, per1k, ceiling)
 }
 
 func printSummary(targets []target, wls []workload, all map[string][]result) {
@@ -343,6 +365,7 @@ func run(url string, w workload) result {
 		}
 	}
 	lat := make([]time.Duration, w.n)
+	busy0 := machineCPU()
 	start := time.Now()
 	if w.sync {
 		for i := 0; i < w.n; i++ {
@@ -368,15 +391,30 @@ func run(url string, w workload) result {
 		wg.Wait()
 	}
 	el := time.Since(start)
+	busy := machineCPU() - busy0
 	slices.Sort(lat)
 	return result{
-		msgs:    float64(w.n) / el.Seconds(),
-		mbps:    float64(w.n*w.size) / el.Seconds() / 1e6,
-		p50:     lat[len(lat)/2],
-		p99:     lat[len(lat)*99/100],
-		n:       w.n,
-		elapsed: el,
+		msgs:        float64(w.n) / el.Seconds(),
+		mbps:        float64(w.n*w.size) / el.Seconds() / 1e6,
+		p50:         lat[len(lat)/2],
+		p99:         lat[len(lat)*99/100],
+		n:           w.n,
+		elapsed:     el,
+		machineBusy: busy,
 	}
+}
+
+// machineCores is the number of cores /proc/stat lists, set by machineCPU.
+var machineCores int
+
+// machineCPU returns the busy time of all the machine's cores so far (harness.MachineCPU).
+func machineCPU() time.Duration {
+	busy, cores, err := harness.MachineCPU()
+	if err != nil {
+		fail(fmt.Errorf("the machine's CPU time: %w", err))
+	}
+	machineCores = cores
+	return busy
 }
 
 // idleCPU is the CPU a proxy process uses in two seconds without traffic.
@@ -504,6 +542,9 @@ func serveChild(brokerAddr string) {
 	}
 	if n, _ := strconv.Atoi(os.Getenv("REBATCHPROXY_BENCH_READBUF")); n > 0 {
 		cfg.ReadBufferCap = n
+	}
+	if n, _ := strconv.Atoi(os.Getenv("REBATCHPROXY_BENCH_SOFT_LIMIT")); n > 0 {
+		cfg.SoftBufferLimit = n // -proxy-env REBATCHPROXY_BENCH_SOFT_LIMIT=BYTES
 	}
 	if n, _ := strconv.Atoi(os.Getenv("REBATCHPROXY_BENCH_EVENT_LOOPS")); n > 0 {
 		cfg.EventLoops = n // -proxy-env REBATCHPROXY_BENCH_EVENT_LOOPS=N
