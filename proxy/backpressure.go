@@ -3,6 +3,8 @@ package proxy
 // Backpressure and the memory budget (doc.go contract 5). All of it runs on
 // the session's loop unless said otherwise.
 
+import "time"
+
 // budgetSoftLimit is the soft limit of every direction while the process
 // holds more than half of Config.MemoryBudget (the other half is headroom
 // for the garbage collector, per-connection state and gnet's buffer
@@ -69,21 +71,63 @@ func (s *session) unparkSource(d direction) {
 	}
 }
 
-// noteOffLoop counts the session's sockets off the loop, for the ticker
-// (which flushes their queued output and resumes them).
+// noteOffLoop counts the session's sockets off the loop, for the resume
+// checks (which flush their queued output and bring them back).
 func (s *session) noteOffLoop(delta int32) {
 	before := s.offLoop.Load()
 	after := before + delta
 	s.offLoop.Store(after)
-	switch {
-	case before == 0 && after > 0:
-		s.srv.noffLoop.Add(1)
-	case before > 0 && after == 0:
-		s.srv.noffLoop.Add(-1)
+	if before == 0 && after > 0 {
+		s.startResumeChecks()
 	}
 }
 
-// tendParked runs from the ticker's resume task: it writes what waits for
+// needsResume says the session has a paused direction or a socket off the
+// loop: something only a resume check (resumeAsync) ends. Any goroutine may
+// call it.
+func (s *session) needsResume() bool { return s.pausedAny.Load() || s.offLoop.Load() > 0 }
+
+// startResumeChecks begins the resume checks of a session that has just
+// come to need them (needsResume): the first within pausedTick, whatever
+// the ticker's pace. A pause that began while the ticker slept its
+// tickInterval used to wait up to that long for its first check, while the
+// queue that caused it drained in a few milliseconds and its receiver then
+// sat idle: 10 KB batched sends ran at 0.73x direct through the proxy
+// with the machine 30 % idle, and every resume found the queue empty
+// (e2e/proxy/bench, session 27). Runs on the loop.
+func (s *session) startResumeChecks() {
+	s.needSince = s.srv.clock().UnixNano()
+	s.armResume(pausedTick)
+}
+
+// nextResumeCheck arms the check after one that found the session still
+// in need: a quarter of the time it has been in need, between pausedTick
+// and tickInterval. A receiver draining the queue at any steady rate is
+// thus checked before it has drained 5/8 of the queue the pause began
+// with (the threshold is half of it, and the next check comes at most a
+// quarter later than the threshold's time), so it does not starve; a side
+// slow for long (a consumer that stopped reading) costs ten checks a
+// second, not five hundred. Runs on the loop.
+func (s *session) nextResumeCheck() {
+	s.armResume(resumeCheckWait(time.Duration(s.srv.clock().UnixNano() - s.needSince)))
+}
+
+// resumeCheckWait is the wait before the next resume check of a session in
+// need for inNeed (nextResumeCheck).
+func resumeCheckWait(inNeed time.Duration) time.Duration {
+	return min(max(inNeed/4, pausedTick), tickInterval)
+}
+
+// armResume has resumeAsync run after wait. Runs on the loop.
+func (s *session) armResume(wait time.Duration) {
+	if s.resumeTimer == nil {
+		s.resumeTimer = time.AfterFunc(wait, s.resumeAsync)
+		return
+	}
+	s.resumeTimer.Reset(wait)
+}
+
+// tendParked runs from the resume task: it writes what waits for
 // parked sockets and retries the park of paused directions whose source
 // could not leave the loop yet. It reports an error that closes the pair.
 func (s *session) tendParked() error {

@@ -341,6 +341,51 @@ func TestCoreSlowBrokerParksTheClientUntilItDrains(t *testing.T) {
 	}
 }
 
+// Contract 5, resuming on time.
+// Given an established connection whose slow broker made it park the client,
+// when the broker drains and the server's ticker does not run,
+// then the client is read again (the session's own resume check, due within pausedTick; a
+// second is allowed) and every SEND reaches the broker.
+func TestCoreDrainedPauseResumesWithoutWaitingForTheTicker(t *testing.T) {
+	l := established(t, bpConfig)
+	l.broker.slow = true
+	sends := sendFrames(10, 20<<10)
+	one := len(sends) / 10
+	for i := 0; i < 10; i++ {
+		l.feed(l.client, sends[i*one:(i+1)*one])
+	}
+	if !l.client.parked {
+		t.Fatal("precondition: the client is not parked")
+	}
+
+	l.broker.drain()
+
+	for end := time.Now().Add(time.Second); l.client.parked && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+		l.settle()
+	}
+	if l.client.parked || !bytes.Equal(l.broker.take(), sends) {
+		t.Fatalf("a second after the drain: client parked %v; broker got everything: %v", l.client.parked, bytes.Equal(l.broker.out, sends))
+	}
+}
+
+// Contract 5, the pace of resume checks.
+// Given a session that has needed a resume check (paused, or a socket parked) for some time,
+// when the wait before its next check is chosen,
+// then it is a quarter of that time, at least pausedTick and at most tickInterval.
+func TestResumeChecksSlowDownWithTheTimeInNeed(t *testing.T) {
+	for _, tc := range []struct{ inNeed, want time.Duration }{
+		{0, pausedTick},
+		{4 * time.Millisecond, pausedTick},
+		{40 * time.Millisecond, 10 * time.Millisecond},
+		{time.Second, tickInterval},
+	} {
+		if got := resumeCheckWait(tc.inNeed); got != tc.want {
+			t.Errorf("in need %v: wait %v, want %v", tc.inNeed, got, tc.want)
+		}
+	}
+}
+
 // Contract 5, the hard limit as last resort.
 // Given an established connection (soft 64 KiB; hard 256 KiB, raised to soft + a frame by the
 // broker's 1 MiB max_message_size) whose client side has bytes queued (so it cannot be parked)

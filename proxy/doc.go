@@ -92,10 +92,16 @@
 //     a producer's writes block as on a slow broker, a broker stops writing
 //     to a consumer that does not read. Frames the proxy writes towards a
 //     parked socket go straight to its descriptor (what it does not take
-//     waits, bounded by the limits below, and is retried on ticks). Once
-//     the queue is under half the limit the socket is enrolled on the same
-//     loop again (EventLoop.Enroll) and the bytes gnet had read but the
-//     session had not consumed are taken first. A producer path reporting
+//     waits, bounded by the limits below, and is retried on the resume
+//     checks). Once the queue is under half the limit the socket is
+//     enrolled on the same loop again (EventLoop.Enroll) and the bytes gnet
+//     had read but the session had not consumed are taken first. A paused
+//     or parked session checks for that on a timer of its own, not on the
+//     ticker's 100 ms pace: first after pausedTick (2 ms), then after a
+//     quarter of the time it has been paused, up to the tick interval
+//     (backpressure.go), so a receiver draining at any steady rate is not
+//     left idle with its queue empty, and a side slow for long costs ten
+//     checks a second. A producer path reporting
 //     a backlog (Backlogger: receipts outstanding) parks the client the
 //     same way until receipts bring it down. A pair paused or parked is
 //     not idle (contract 6).

@@ -52,12 +52,10 @@ type Server struct {
 	now       atomic.Int64 // coarse clock (unix ns), refreshed by OnTick
 	// clock is the time source of the server and its sessions (time.Now;
 	// core specs inject their own). Any goroutine may call it.
-	clock   func() time.Time
-	npaused atomic.Int64 // sessions with a paused direction
+	clock func() time.Time
 	// dialBroker starts connecting a session to its broker (the gnet
 	// transport's dialGnet; core specs put their own). Called on the loop.
 	dialBroker func(s *session, targets []string)
-	noffLoop   atomic.Int64 // sessions with a socket off the loop
 	held       atomic.Int64 // bytes all sessions hold (the memory budget's measure)
 	// tls is the client-facing TLS listener (server_tls.go), nil if none.
 	tls         *tlsServer
@@ -73,8 +71,9 @@ type Server struct {
 	brokerPorts []*brokerPort
 }
 
-// tickInterval is how often timeouts are checked; pausedTick is used while
-// some connection waits for its peer's output to drain.
+// tickInterval is how often timeouts are checked (and the slowest pace of a
+// session's resume checks); pausedTick is the pace of a session's first
+// resume checks once it has paused or parked (backpressure.go).
 const (
 	tickInterval = 100 * time.Millisecond
 	pausedTick   = 2 * time.Millisecond
@@ -395,9 +394,6 @@ func (s *Server) OnTick() (time.Duration, gnet.Action) {
 		}
 		return true
 	})
-	if s.npaused.Load() > 0 || s.noffLoop.Load() > 0 {
-		next = min(next, int64(pausedTick))
-	}
 	// A producer path's deadline (a batch's max delay) sets the pace, down to
 	// minTick so a flood of deadlines cannot spin the ticker.
 	return time.Duration(max(next, int64(minTick))), gnet.None

@@ -90,7 +90,11 @@ type session struct {
 	clientGone     bool              // the client closed; the broker side drains chunk receipts
 	timer          *time.Timer       // fires tickAsync at the path's deadline
 	timerAt        int64             // when timer is armed for (unix ns), 0 = not armed
-	consumers      map[uint64]string // consumer id -> topic, for logs
+	// resumeTimer runs resumeAsync while the session needsResume; needSince
+	// is when that began (unix ns), for the checks' pace (backpressure.go).
+	resumeTimer *time.Timer
+	needSince   int64
+	consumers   map[uint64]string // consumer id -> topic, for logs
 	// Managed Key_Shared consumers (keyshared.go): by consumer id, by the request id of what
 	// is at the broker for them, and a scratch list of acknowledged entries.
 	ks     map[uint64]*managedConsumer
@@ -268,7 +272,10 @@ func (s *session) closeAsync(err error) {
 }
 
 // resumeAsync asks the loop to resume paused directions whose peer has
-// drained. Called from the ticker goroutine.
+// drained, and to write what waits for parked sockets; while the session
+// still needs it afterwards, the next check is armed (nextResumeCheck).
+// Called from the session's resume timer, and from the ticker as a
+// fallback; any goroutine may call it.
 func (s *session) resumeAsync() {
 	if !s.taskQueued.CompareAndSwap(false, true) {
 		return
@@ -300,6 +307,9 @@ func (s *session) resumeAsync() {
 			s.unparkSource(d)
 		}
 		s.publishHeld()
+		if s.needsResume() {
+			s.nextResumeCheck()
+		}
 	})
 	if e != nil {
 		s.taskQueued.Store(false)
@@ -330,11 +340,10 @@ func (s *session) setPaused(d direction, on bool) {
 		s.srv.m.pauses[d].Add(1)
 	}
 	if before != after {
+		wasInNeed := s.needsResume()
 		s.pausedAny.Store(after)
-		if after {
-			s.srv.npaused.Add(1)
-		} else {
-			s.srv.npaused.Add(-1)
+		if after && !wasInNeed {
+			s.startResumeChecks()
 		}
 	}
 }
@@ -1225,6 +1234,9 @@ func (s *session) onClose(e *end, k side, err error) {
 	s.pathDeadline.Store(0)
 	if s.timer != nil {
 		s.timer.Stop()
+	}
+	if s.resumeTimer != nil {
+		s.resumeTimer.Stop()
 	}
 	s.handshakeDeadline.Store(0)
 	s.srv.held.Add(-s.heldPub)

@@ -24,9 +24,10 @@ import (
 // kernel's receive buffer fills and TCP's window closes on the sender, as
 // it would on a direct connection to a slow reader. Frames written towards
 // a parked socket go straight to the descriptor (non-blocking; what it does
-// not take waits in outq and is retried on ticks). Unparking enrolls the
-// socket on the same loop again; the bytes gnet had read but the session
-// had not consumed wait in pre and are taken first.
+// not take waits in outq and is retried on the session's resume checks,
+// backpressure.go). Unparking enrolls the socket on the same loop again;
+// the bytes gnet had read but the session had not consumed wait in pre and
+// are taken first.
 //
 // Only a socket with nothing queued for it in gnet can be parked: gnet's
 // close writes what is queued once and drops the rest.
