@@ -47,7 +47,7 @@ func (s *session) publishHeld() {
 // slow, and parks the side they come from so that TCP slows the sender.
 // If that side cannot be parked yet (bytes are queued for it), the pause
 // holds its frames in gnet's inbound buffer (up to the hard limit) and the
-// ticks retry the park.
+// resume checks retry the park.
 func (s *session) pause(d direction) {
 	s.setPaused(d, true)
 	s.parkSource(d)

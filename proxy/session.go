@@ -47,7 +47,7 @@ type session struct {
 	clientEnd  end
 	brokerEnd  end
 
-	// Touched by the ticker goroutine.
+	// Touched by the ticker goroutine (and the resume timer's).
 	handshakeDeadline atomic.Int64
 	lastActive        atomic.Int64
 	pausedAny         atomic.Bool
@@ -119,7 +119,7 @@ type session struct {
 	held    [2][]byte
 	// backlog is the path's Backlogger, nil if it has none; backlogHeld is set
 	// while the client's frames wait for it (resumed by resumeClient, driven by
-	// receipts and ticks, not by the ticker's fast pace for buffer pauses).
+	// receipts and ticks, not by the resume checks of buffer pauses).
 	backlog     Backlogger
 	backlogHeld bool
 
