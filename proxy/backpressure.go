@@ -77,7 +77,7 @@ func (s *session) noteOffLoop(delta int32) {
 	before := s.offLoop.Load()
 	after := before + delta
 	s.offLoop.Store(after)
-	if before == 0 && after > 0 {
+	if delta > 0 {
 		s.startResumeChecks()
 	}
 }
@@ -87,9 +87,11 @@ func (s *session) noteOffLoop(delta int32) {
 // call it.
 func (s *session) needsResume() bool { return s.pausedAny.Load() || s.offLoop.Load() > 0 }
 
-// startResumeChecks begins the resume checks of a session that has just
-// come to need them (needsResume): the first within pausedTick, whatever
-// the ticker's pace. A pause that began while the ticker slept its
+// startResumeChecks (re)starts the resume checks of a session that has
+// just paused a direction, parked a socket or left output waiting for a
+// full parked socket (sock.Write): the first within pausedTick,
+// whatever the ticker's pace, and whatever the pace the checks had slowed
+// to if the session already needed them for something else. A pause that began while the ticker slept its
 // tickInterval used to wait up to that long for its first check, while the
 // queue that caused it drained in a few milliseconds and its receiver then
 // sat idle: 10 KB batched sends ran at 0.73x direct through the proxy
@@ -101,8 +103,8 @@ func (s *session) startResumeChecks() {
 }
 
 // nextResumeCheck arms the check after one that found the session still
-// in need: a quarter of the time it has been in need, between pausedTick
-// and tickInterval. A receiver draining the queue at any steady rate is
+// in need: a quarter of the time since the last pause, park or output left
+// waiting for a full parked socket, between pausedTick and tickInterval. A receiver draining the queue at any steady rate is
 // thus checked before it has drained 5/8 of the queue the pause began
 // with (the threshold is half of it, and the next check comes at most a
 // quarter later than the threshold's time), so it does not starve; a side

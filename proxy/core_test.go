@@ -342,7 +342,8 @@ func TestCoreSlowBrokerParksTheClientUntilItDrains(t *testing.T) {
 }
 
 // Contract 5, resuming on time.
-// Given an established connection whose slow broker made it park the client,
+// Given an established connection whose slow broker made it park the client, and that has
+// stayed so through several of its resume checks,
 // when the broker drains and the server's ticker does not run,
 // then the client is read again (the session's own resume check, due within pausedTick; a
 // second is allowed) and every SEND reaches the broker.
@@ -353,6 +354,10 @@ func TestCoreDrainedPauseResumesWithoutWaitingForTheTicker(t *testing.T) {
 	one := len(sends) / 10
 	for i := 0; i < 10; i++ {
 		l.feed(l.client, sends[i*one:(i+1)*one])
+	}
+	for end := time.Now().Add(20 * time.Millisecond); time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+		l.settle() // the checks run (about every pausedTick) and find the broker still behind
 	}
 	if !l.client.parked {
 		t.Fatal("precondition: the client is not parked")

@@ -98,7 +98,8 @@
 //     had read but the session had not consumed are taken first. A paused
 //     or parked session checks for that on a timer of its own, not on the
 //     ticker's 100 ms pace: first after pausedTick (2 ms), then after a
-//     quarter of the time it has been paused, up to the tick interval
+//     quarter of the time since its last pause, park or output left
+//     waiting for a full parked socket, up to the tick interval
 //     (backpressure.go), so a receiver draining at any steady rate is not
 //     left idle with its queue empty, and a side slow for long costs ten
 //     checks a second. A producer path reporting

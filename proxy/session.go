@@ -47,7 +47,7 @@ type session struct {
 	clientEnd  end
 	brokerEnd  end
 
-	// Touched by the ticker goroutine (and the resume timer's).
+	// Touched by the ticker goroutine (taskQueued by the resume timer's too).
 	handshakeDeadline atomic.Int64
 	lastActive        atomic.Int64
 	pausedAny         atomic.Bool
@@ -307,7 +307,7 @@ func (s *session) resumeAsync() {
 			s.unparkSource(d)
 		}
 		s.publishHeld()
-		if s.needsResume() {
+		if s.state != stClosed && s.needsResume() {
 			s.nextResumeCheck()
 		}
 	})
@@ -336,15 +336,12 @@ func (s *session) setPaused(d direction, on bool) {
 	before := s.paused[0] || s.paused[1]
 	s.paused[d] = on
 	after := s.paused[0] || s.paused[1]
+	if before != after {
+		s.pausedAny.Store(after)
+	}
 	if on {
 		s.srv.m.pauses[d].Add(1)
-	}
-	if before != after {
-		wasInNeed := s.needsResume()
-		s.pausedAny.Store(after)
-		if after && !wasInNeed {
-			s.startResumeChecks()
-		}
+		s.startResumeChecks()
 	}
 }
 

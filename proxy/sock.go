@@ -136,7 +136,13 @@ func (k *sock) Write(b []byte) (int, error) {
 	case err != nil:
 		return 0, err
 	}
-	k.outq = append(k.outq, b[n:]...)
+	if n < len(b) {
+		// The socket is full: what it did not take waits for the resume
+		// checks, which are restarted so that it waits milliseconds, not the
+		// pace they may have slowed to while the socket was parked.
+		k.outq = append(k.outq, b[n:]...)
+		k.e.s.startResumeChecks()
+	}
 	return len(b), nil
 }
 
