@@ -89,14 +89,15 @@ func (s *session) needsResume() bool { return s.pausedAny.Load() || s.offLoop.Lo
 
 // startResumeChecks (re)starts the resume checks of a session that has
 // just paused a direction, parked a socket or left output waiting for a
-// full parked socket (sock.Write): the first within pausedTick,
-// whatever the ticker's pace, and whatever the pace the checks had slowed
-// to if the session already needed them for something else. A pause that began while the ticker slept its
-// tickInterval used to wait up to that long for its first check, while the
-// queue that caused it drained in a few milliseconds and its receiver then
-// sat idle: 10 KB batched sends ran at 0.73x direct through the proxy
-// with the machine 30 % idle, and every resume found the queue empty
-// (e2e/proxy/bench, session 27). Runs on the loop.
+// full parked socket (sock.Write): the first within pausedTick, whatever
+// the ticker's pace, and whatever pace the checks had slowed to if the
+// session already needed them for something else. A pause that began while
+// the ticker slept its tickInterval used to wait up to that long for its
+// first check, while the queue that caused it drained in a few
+// milliseconds and its receiver then sat idle: 10 KB batched sends ran at
+// 0.73x direct through the proxy with the machine 30 % idle, and every
+// resume found the queue empty (e2e/proxy/bench, session 27). Runs on the
+// loop.
 func (s *session) startResumeChecks() {
 	s.needSince = s.srv.clock().UnixNano()
 	s.armResume(pausedTick)
@@ -104,12 +105,13 @@ func (s *session) startResumeChecks() {
 
 // nextResumeCheck arms the check after one that found the session still
 // in need: a quarter of the time since the last pause, park or output left
-// waiting for a full parked socket, between pausedTick and tickInterval. A receiver draining the queue at any steady rate is
-// thus checked before it has drained 5/8 of the queue the pause began
-// with (the threshold is half of it, and the next check comes at most a
-// quarter later than the threshold's time), so it does not starve; a side
-// slow for long (a consumer that stopped reading) costs ten checks a
-// second, not five hundred. Runs on the loop.
+// waiting for a full parked socket, between pausedTick and tickInterval. A
+// receiver draining the queue at any steady rate is thus checked before it
+// has drained 5/8 of the queue the pause began with (the threshold is half
+// of it, and the next check comes at most a quarter later than the
+// threshold's time), so it does not starve; a side slow for long (a
+// consumer that stopped reading) costs ten checks a second, not five
+// hundred. Runs on the loop.
 func (s *session) nextResumeCheck() {
 	s.armResume(resumeCheckWait(time.Duration(s.srv.clock().UnixNano() - s.needSince)))
 }

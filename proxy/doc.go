@@ -102,9 +102,9 @@
 //     waiting for a full parked socket, up to the tick interval
 //     (backpressure.go), so a receiver draining at any steady rate is not
 //     left idle with its queue empty, and a side slow for long costs ten
-//     checks a second. A producer path reporting
-//     a backlog (Backlogger: receipts outstanding) parks the client the
-//     same way until receipts bring it down. A pair paused or parked is
+//     checks a second. A producer path reporting a backlog (Backlogger:
+//     receipts outstanding) parks the client the same way until receipts
+//     bring it down. A pair paused or parked is
 //     not idle (contract 6).
 //     Limits of the mechanism: a socket with bytes queued for it in gnet
 //     cannot be parked (gnet's close writes them once and drops the rest),

@@ -370,13 +370,13 @@ func (s *Server) OnTick() (time.Duration, gnet.Action) {
 		switch {
 		case ss.handshakeDeadline.Load() != 0 && now > ss.handshakeDeadline.Load():
 			ss.closeAsync(ErrHandshakeTimeout)
-		case idle > 0 && now-ss.lastActive.Load() > idle && !ss.pausedAny.Load() && ss.offLoop.Load() == 0:
+		case idle > 0 && now-ss.lastActive.Load() > idle && !ss.needsResume():
 			// (A pair slowed by backpressure is not idle: its slow side holds it.)
 			ss.closeAsync(fmt.Errorf("%w: nothing moved for %s", ErrIdleTimeout, s.cfg.IdleTimeout))
 		case ss.drainDeadline.Load() != 0 && now > ss.drainDeadline.Load():
 			ss.closeAsync(ErrChunkDrainTimeout)
-		case ss.pausedAny.Load() || ss.offLoop.Load() > 0:
-			ss.resumeAsync()
+		case ss.needsResume():
+			ss.resumeAsync() // a fallback: the session's own timer checks sooner
 		}
 		if kd := ss.ksDeadline.Load(); kd != 0 {
 			if now >= kd {
