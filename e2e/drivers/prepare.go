@@ -199,8 +199,8 @@ func copyFile(src, dst string, perm os.FileMode) error {
 
 // publishEntry makes the cache entry dir: fill writes it into a fresh dir+".tmp", which is
 // then renamed into place, so that an entry exists only once complete (a build killed halfway
-// leaves only a .tmp, redone next time). The other entries matching stale (a glob; "": none)
-// are then deleted.
+// leaves only a .tmp, redone next time). The other entries matching the glob stale ("" matches
+// none) are then deleted.
 func publishEntry(dir, stale string, fill func(tmp string) error) error {
 	tmp := dir + ".tmp"
 	_ = os.RemoveAll(tmp)
@@ -214,9 +214,7 @@ func publishEntry(dir, stale string, fill func(tmp string) error) error {
 	if err := os.Rename(tmp, dir); err != nil {
 		return err
 	}
-	if stale != "" {
-		removeOthers(stale, dir)
-	}
+	removeOthers(stale, dir)
 	return nil
 }
 
