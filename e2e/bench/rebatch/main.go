@@ -24,6 +24,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,6 +67,7 @@ type result struct {
 	brokerCPU     time.Duration
 	proxyCPU      time.Duration // 0 for direct
 	calls         int64         // proxy read and write system calls
+	latency       []uint32      // each acknowledged message's send-to-receipt time in microseconds, every round
 	direct        bool
 }
 
@@ -79,6 +81,7 @@ func (r result) add(o result) result {
 	r.brokerCPU += o.brokerCPU
 	r.proxyCPU += o.proxyCPU
 	r.calls += o.calls
+	r.latency = append(r.latency, o.latency...)
 	r.direct = o.direct
 	return r
 }
@@ -115,6 +118,7 @@ var (
 	cpuprof   = flag.String("cpuprofile", "", "write the proxy process's CPU profile to this file")
 	brokerPID = flag.Int("broker-pid", 0, "pid of the broker's JVM, for its CPU per message (from /proc/PID/stat); 0: read -broker-pid-file")
 	pidFile   = flag.String("broker-pid-file", "", "file holding the broker's pid (pulsar.sh keeps it in .pulsar/run/INSTANCE/pulsar.pid); empty: no broker CPU")
+	policies  = flag.String("policies", "coalesce,merged,properties,buckets", "the rewriting targets measured besides direct and passthrough, comma-separated (e.g. \"buckets\" to profile one policy with -cpuprofile)")
 )
 
 // childEnv, when set, makes this process the proxy of a run (serveChild): its value is the
@@ -154,6 +158,7 @@ func main() {
 		{"properties", proxyURL, nsOf("properties")},
 		{"buckets", proxyURL, nsOf("buckets")},
 	}
+	targets = chosen(targets, *policies)
 	wls := []workload{
 		{"async x4", 4, false, 0},
 		{"async x1", 1, false, 0},
@@ -185,6 +190,7 @@ func main() {
 	}
 	var ran []workload
 	var cpu, pcpu, pcalls [][]float64
+	var lat [][][2]float64 // per workload and target: median and 99th percentile, ms
 	for _, w := range wls {
 		if !strings.Contains(w.name, *only) {
 			continue
@@ -199,9 +205,13 @@ func main() {
 				res[i] = res[i].add(run(targets[i], w))
 			}
 		}
+		lrow := make([][2]float64, len(targets))
 		for i := range targets {
 			row[i], prow[i], crow[i] = res[i].brokerUS(), res[i].proxyUS(), res[i].proxyCalls()
+			lrow[i][0], lrow[i][1] = quantiles(res[i].latency)
+			res[i].latency = nil
 		}
+		lat = append(lat, lrow)
 		ran, cpu, pcpu, pcalls = append(ran, w), append(cpu, row), append(pcpu, prow), append(pcalls, crow)
 		d := res[0]
 		fmt.Printf("%-12s | %8.0f %8.0f   ", w.name, d.msgs, d.entries)
@@ -214,6 +224,19 @@ func main() {
 	names := make([]string, len(targets))
 	for i, tg := range targets {
 		names[i] = tg.name
+	}
+	fmt.Printf("\nsend latency (ms from the client's send to its receipt, every acknowledged message of every round: median / 99th percentile; asynchronous sends include the time they wait in the client's queue):\n")
+	fmt.Printf("%-12s", "workload")
+	for _, n := range names {
+		fmt.Printf(" | %-15s", n)
+	}
+	fmt.Println()
+	for i, w := range ran {
+		fmt.Printf("%-12s", w.name)
+		for _, q := range lat[i] {
+			fmt.Printf(" | %6.2f / %6.2f", q[0], q[1])
+		}
+		fmt.Println()
 	}
 	if brokerCPUKnown() {
 		fmt.Printf("\nbroker CPU per acknowledged message (us, from /proc/%d/stat over each cell; direct's over the target's = how many times less the broker works per message):\n", *brokerPID)
@@ -409,22 +432,26 @@ func run(tg target, w workload) result {
 	var acked, failed atomic.Int64
 	var wg sync.WaitGroup
 	ctx := context.Background()
+	lats := make([]latencies, len(prods))
 	start := time.Now()
 	end := start.Add(*duration)
-	for _, p := range prods {
+	for j, p := range prods {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			lat := &lats[j]
 			for i := int64(0); time.Now().Before(end); i++ {
 				msg := &pulsar.ProducerMessage{Payload: payload, Properties: map[string]string{"region": region(i)}}
 				if tg.name == "buckets" {
 					msg.Key = keys[i%100] // the others keep keyless messages: split_keys parts keyed ones
 				}
+				sent := time.Now()
 				if w.sync {
 					if _, err := p.Send(ctx, msg); err != nil {
 						failed.Add(1)
 					} else {
 						acked.Add(1)
+						lat.note(sent)
 					}
 					continue
 				}
@@ -433,6 +460,7 @@ func run(tg target, w workload) result {
 						failed.Add(1)
 					} else {
 						acked.Add(1)
+						lat.note(sent)
 					}
 				})
 			}
@@ -450,10 +478,59 @@ func run(tg target, w workload) result {
 	n := entries(topic) - before
 	r := result{msgs: float64(acked.Load()) / el, entries: float64(n) / el, acked: acked.Load(), stored: n,
 		brokerCPU: cpuUsed, direct: tg.name == "direct"}
+	for i := range lats {
+		r.latency = append(r.latency, lats[i].us...)
+	}
 	if !r.direct {
 		r.proxyCPU, r.calls = proxyUsed, calls
 	}
 	return r
+}
+
+// latencies collects one producer's send-to-receipt times. Its mutex is for asynchronous
+// sends, whose callbacks the client may run on more than one goroutine.
+type latencies struct {
+	mu sync.Mutex
+	us []uint32
+}
+
+// note records the time since sent.
+func (l *latencies) note(sent time.Time) {
+	us := uint32(min(time.Since(sent).Microseconds(), 1<<32-1))
+	l.mu.Lock()
+	l.us = append(l.us, us)
+	l.mu.Unlock()
+}
+
+// quantiles sorts us and returns its median and 99th percentile in milliseconds (0, 0 when empty).
+func quantiles(us []uint32) (p50, p99 float64) {
+	if len(us) == 0 {
+		return 0, 0
+	}
+	slices.Sort(us)
+	at := func(q float64) float64 { return float64(us[int(q*float64(len(us)-1))]) / 1000 }
+	return at(0.50), at(0.99)
+}
+
+// chosen keeps direct, passthrough and the rewriting targets named in list (comma-separated).
+func chosen(all []target, list string) []target {
+	want := map[string]bool{}
+	for _, n := range strings.Split(list, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			want[n] = true
+		}
+	}
+	kept := all[:2:2]
+	for _, tg := range all[2:] {
+		if want[tg.name] {
+			kept = append(kept, tg)
+			delete(want, tg.name)
+		}
+	}
+	for n := range want {
+		fail(fmt.Errorf("-policies: no target %q (coalesce, merged, properties, buckets)", n))
+	}
+	return kept
 }
 
 // keys are the buckets target's message keys, k0..k99 (the policy routes on them).
