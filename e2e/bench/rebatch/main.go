@@ -479,7 +479,9 @@ func run(tg target, w workload) result {
 	r := result{msgs: float64(acked.Load()) / el, entries: float64(n) / el, acked: acked.Load(), stored: n,
 		brokerCPU: cpuUsed, direct: tg.name == "direct"}
 	for i := range lats {
+		lats[i].mu.Lock() // every callback ran before FlushWithCtx returned; the lock says so to -race
 		r.latency = append(r.latency, lats[i].us...)
+		lats[i].mu.Unlock()
 	}
 	if !r.direct {
 		r.proxyCPU, r.calls = proxyUsed, calls
