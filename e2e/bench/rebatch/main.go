@@ -131,6 +131,7 @@ func main() {
 	if *rounds < 1 {
 		fail(fmt.Errorf("-rounds %d: want at least 1", *rounds))
 	}
+	chosen := chosenPolicies(*policies)
 	stamp := time.Now().UnixNano()
 	if s := os.Getenv(childEnv); s != "" {
 		if _, err := fmt.Sscan(s, &stamp); err != nil {
@@ -158,7 +159,10 @@ func main() {
 		{"properties", proxyURL, nsOf("properties")},
 		{"buckets", proxyURL, nsOf("buckets")},
 	}
-	targets = chosen(targets, *policies)
+	// Direct and passthrough always run: they are the bases of every ratio.
+	targets = slices.DeleteFunc(targets, func(tg target) bool {
+		return tg.name != "direct" && tg.name != "passthrough" && !chosen[tg.name]
+	})
 	wls := []workload{
 		{"async x4", 4, false, 0},
 		{"async x1", 1, false, 0},
@@ -514,25 +518,23 @@ func quantiles(us []uint32) (p50, p99 float64) {
 	return at(0.50), at(0.99)
 }
 
-// chosen keeps direct, passthrough and the rewriting targets named in list (comma-separated).
-func chosen(all []target, list string) []target {
+// rewritingTargets are the targets -policies chooses from.
+var rewritingTargets = []string{"coalesce", "merged", "properties", "buckets"}
+
+// chosenPolicies returns the set of rewriting targets named in list (comma-separated); a name
+// that is not one of rewritingTargets fails the run.
+func chosenPolicies(list string) map[string]bool {
 	want := map[string]bool{}
 	for _, n := range strings.Split(list, ",") {
-		if n = strings.TrimSpace(n); n != "" {
-			want[n] = true
+		if n = strings.TrimSpace(n); n == "" {
+			continue
 		}
-	}
-	kept := all[:2:2]
-	for _, tg := range all[2:] {
-		if want[tg.name] {
-			kept = append(kept, tg)
-			delete(want, tg.name)
+		if !slices.Contains(rewritingTargets, n) {
+			fail(fmt.Errorf("-policies: no rewriting target %q (%s)", n, strings.Join(rewritingTargets, ", ")))
 		}
+		want[n] = true
 	}
-	for n := range want {
-		fail(fmt.Errorf("-policies: no target %q (coalesce, merged, properties, buckets)", n))
-	}
-	return kept
+	return want
 }
 
 // keys are the buckets target's message keys, k0..k99 (the policy routes on them).
