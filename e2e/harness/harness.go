@@ -330,6 +330,9 @@ func (b *Broker) Kill9() error {
 }
 
 // Recover starts a broker Kill9 crashed on the same ports and data, and returns once it is ready.
+// A recovery whose bookie registration flaps (a Pulsar standalone race after kill -9 that fails
+// new ledgers with "Not enough non-faulty bookies available") is killed and recovered again by
+// pulsar.sh, which logs it; the test sees one recovery, a longer one.
 func (b *Broker) Recover() error {
 	if b.instance == "" {
 		return errors.New("harness: Recover needs a broker StartBroker started")
