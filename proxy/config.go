@@ -75,7 +75,8 @@ type Config struct {
 	// DrainTimeout is how long Shutdown waits for connections to end.
 	DrainTimeout time.Duration
 
-	// EventLoops is the number of gnet event loops; 0 means one per CPU.
+	// EventLoops is the number of gnet event loops; 0 means one per P
+	// (GOMAXPROCS; see SizeRuntime).
 	EventLoops int
 	// ReadBufferCap is gnet's per-loop read buffer size.
 	ReadBufferCap int

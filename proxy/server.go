@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 	"sync"
@@ -40,6 +41,8 @@ type Server struct {
 	readArrays *readArrays
 	// ks manages the Key_Shared subscriptions Config.ManagedKeyShared claims; nil if none.
 	ks *keyshared.Manager
+	// loops is the number of event loops Serve runs (written before gnet.Run, read in OnBoot).
+	loops int
 
 	eng      gnet.Engine
 	engMu    sync.Mutex
@@ -144,11 +147,11 @@ func (s *Server) Serve() error {
 		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
 		gnet.WithLogger(gnetLogger{s.log}),
 	}
-	if loops > 0 {
-		opts = append(opts, gnet.WithNumEventLoop(loops))
-	} else {
-		opts = append(opts, gnet.WithMulticore(true))
+	if loops == 0 {
+		loops = runtime.GOMAXPROCS(0) // not gnet's one per CPU: under a CPU quota that is more loops than Ps
 	}
+	s.loops = loops
+	opts = append(opts, gnet.WithNumEventLoop(loops))
 	if s.cfg.TLSListen != "" {
 		if err := s.listenTLS(); err != nil {
 			close(s.booted)
@@ -267,7 +270,7 @@ func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
 	s.eng = eng
 	s.engMu.Unlock()
 	close(s.booted)
-	s.log.Info("proxy listening", "listen", s.cfg.Listen, "brokers", s.cfg.Brokers)
+	s.log.Info("proxy listening", "listen", s.cfg.Listen, "brokers", s.cfg.Brokers, "event_loops", s.loops, "gomaxprocs", runtime.GOMAXPROCS(0))
 	return gnet.None
 }
 

@@ -94,7 +94,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.IntVar(&o.maxConnLookups, "max-connection-lookups", d.MaxConnectionLookups, "LOOKUP and PARTITIONED_METADATA requests in flight at once from one client connection (within max-concurrent-lookups); its excess ones get TooManyRequests, so one client's flood is not refused to others")
 	fs.IntVar(&o.maxRedirects, "max-lookup-redirects", d.MaxLookupRedirects, "lookup redirects the proxy follows itself, asking each named broker as the client, before answering the client ServiceNotReady; 0 relays redirects to the client instead (the default is the Java client's maxLookupRedirects)")
 	fs.DurationVar(&o.lookupTimeout, "lookup-timeout", d.LookupTimeout, "time allowed for following one lookup's redirects, all hops included")
-	fs.IntVar(&o.eventLoops, "event-loops", d.EventLoops, "gnet event loops (0 = one per CPU)")
+	fs.IntVar(&o.eventLoops, "event-loops", d.EventLoops, "gnet event loops (0 = one per P: GOMAXPROCS, from the CPUs and the CPU quota; with one, GOMAXPROCS is raised to 2 unless set)")
 	fs.StringVar(&o.webListen, "web-listen", "", "`host:port` of the web port (HTTP): the brokers' admin REST API (/admin/...) and HTTP lookups (/lookup/...) forwarded to --broker-web-url, broker redirects followed by the proxy")
 	fs.StringVar(&o.webTLSListen, "web-tls-listen", "", "`host:port` of the web port over HTTPS (with --tls-cert, --tls-key, --tls-client-ca)")
 	fs.Var(&o.brokerWebURLs, "broker-web-url", "web service URL of the brokers, http://host:8080 or https://host:8443 (required with a web port; repeat or comma-separate; requests go to them round robin; https:// uses the broker-tls-* settings)")

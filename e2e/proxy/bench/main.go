@@ -88,6 +88,7 @@ func main() {
 	flag.Var(&oursEnv, "proxy-env", "`KEY=VALUE` added to our proxy's environment (not the baseline's), e.g. GOMAXPROCS=1; repeatable")
 	readBuf := flag.Int("proxy-read-buffer", 0, "our proxy's ReadBufferCap in bytes (0: its default)")
 	baseline := flag.String("baseline", "", "another build of this command (say, of the previous commit) whose proxy is measured too, as target \"base\", to compare a change within one run")
+	pin := flag.Bool("pin", false, "the broker and this client on the first CPU, the proxies on the second, for every target (a proxy on a core of its own, as on a host of its own; needs two CPUs and -broker-pid or -tls)")
 	tlsMode := flag.Bool("tls", false, "TLS on every hop: start a private broker with a TLS port (certificates made now), connect directly over TLS, and run both proxies with a TLS listener speaking TLS to the broker (-broker and -broker-web are then ignored)")
 	flag.Parse()
 	if *tlsMode {
@@ -103,6 +104,15 @@ func main() {
 	addr, err := proxy.BrokerAddress(*brokerURL) // plaintext or TLS: the proxies are told which
 	if err != nil {
 		fail(err)
+	}
+	if *pin {
+		if err := pinStart(brokerPID); err != nil {
+			fail(err)
+		}
+		defer unpinBroker(brokerPID)
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+		go func() { fail(fmt.Errorf("%v: stopped", <-sig)) }() // fail gives the broker its mask back
 	}
 	targets := []target{{name: "direct", url: *brokerURL}}
 	self, err := os.Executable()
@@ -143,6 +153,12 @@ func main() {
 		{"10 KB batched", 10 << 10, true, 20000, false},
 		{"100 B sync (latency)", 100, false, 2000, true},
 	}
+	for _, t := range targets[1:] {
+		proxyPIDs = append(proxyPIDs, t.pid)
+	}
+	if err := pinAgain(brokerPID, proxyPIDs); err != nil {
+		fail(err)
+	}
 	if *rounds <= 0 {
 		*rounds = len(targets)
 	}
@@ -150,7 +166,7 @@ func main() {
 	if tlsFiles != nil {
 		mode = "TLS on every hop"
 	}
-	fmt.Printf("broker %s (%s); GOMAXPROCS %d; %d rounds per cell, interleaved, rotating\n", *brokerURL, mode, runtime.GOMAXPROCS(0), *rounds)
+	fmt.Printf("broker %s (%s); GOMAXPROCS %d; %d rounds per cell, interleaved, rotating%s\n", *brokerURL, mode, runtime.GOMAXPROCS(0), *rounds, pinDescription())
 	for _, t := range targets[1:] {
 		fmt.Printf("  %-6s %s (pid %d)\n", t.name, t.url, t.pid)
 	}
@@ -215,7 +231,13 @@ func combine(acc, x result, first bool) result {
 
 var brokerPID int
 
+// proxyPIDs are the proxies' processes (for -pin).
+var proxyPIDs []int
+
 func measure(t target, w workload) result {
+	if err := pinAgain(brokerPID, proxyPIDs); err != nil {
+		fail(err)
+	}
 	user0, sys0 := procCPUSplit(t.pid)
 	cl, br := selfCPU(), procCPU(brokerPID)
 	r := run(t.url, w)
@@ -329,6 +351,7 @@ func fail(err error) {
 		for _, p := range ps {
 			p.stop()
 		}
+		unpinBroker(brokerPID)
 		if tlsBroker != nil {
 			_ = tlsBroker.Stop()
 		}
@@ -549,6 +572,7 @@ func serveChild(brokerAddr string) {
 	if n, _ := strconv.Atoi(os.Getenv("REBATCHPROXY_BENCH_EVENT_LOOPS")); n > 0 {
 		cfg.EventLoops = n // -proxy-env REBATCHPROXY_BENCH_EVENT_LOOPS=N
 	}
+	cfg.EventLoops = proxy.SizeRuntime(cfg.EventLoops) // as cmd/proxy does
 	srv, err := proxy.New(cfg)
 	if err != nil {
 		fail(err)
