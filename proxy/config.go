@@ -76,7 +76,8 @@ type Config struct {
 	DrainTimeout time.Duration
 
 	// EventLoops is the number of gnet event loops; 0 means one per P
-	// (GOMAXPROCS; see SizeRuntime).
+	// (GOMAXPROCS). Serve raises a GOMAXPROCS of 1 to 2 unless the
+	// environment sets it (procs.go).
 	EventLoops int
 	// ReadBufferCap is gnet's per-loop read buffer size.
 	ReadBufferCap int

@@ -17,15 +17,15 @@ import (
 // sends with GOMAXPROCS 1 and 145 ms with GOMAXPROCS 2, one loop both times (e2e/proxy/bench
 // -pin, session 29).
 
-// SizeRuntime returns the event loops to run for the configured number (0: one per P,
+// sizeRuntime returns the event loops to run for the configured number (0: one per P,
 // GOMAXPROCS, which follows the CPUs the process may use and its CPU quota; gnet's own default
 // is one per CPU of the machine, more loops than Ps under a quota) and, when GOMAXPROCS is 1
 // and the environment does not set it, raises it to 2 so that a P stays idle while the loop
 // waits. The second P runs no loop; it mostly runs nothing.
 //
-// Which goroutine: main, before Serve. It changes the process's GOMAXPROCS, which also stops
-// the runtime from following later changes of the CPU quota.
-func SizeRuntime(eventLoops int) int {
+// Which goroutine: Serve's, before gnet.Run. It changes the process's GOMAXPROCS, which also
+// stops the runtime from following later changes of the CPU quota.
+func sizeRuntime(eventLoops int) int {
 	if eventLoops == 0 {
 		eventLoops = runtime.GOMAXPROCS(0)
 	}

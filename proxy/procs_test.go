@@ -6,9 +6,9 @@ import (
 	"testing"
 )
 
-// Given GOMAXPROCS and its environment variable, when SizeRuntime sizes the event loops, then
+// Given GOMAXPROCS and its environment variable, when Serve sizes the event loops (sizeRuntime), then
 // 0 loops means one per P, and a single P is raised to two unless the environment set it.
-func TestSizeRuntime(t *testing.T) {
+func TestSizeRuntimeDefaults(t *testing.T) {
 	cases := []struct {
 		name              string
 		procs, loops      int
@@ -32,11 +32,25 @@ func TestSizeRuntime(t *testing.T) {
 				}
 			}
 			runtime.GOMAXPROCS(c.procs)
-			got := SizeRuntime(c.loops)
+			got := sizeRuntime(c.loops)
 			if got != c.wantLoops || runtime.GOMAXPROCS(0) != c.wantPs {
-				t.Errorf("SizeRuntime(%d) with GOMAXPROCS %d: %d loops, GOMAXPROCS %d; want %d loops, GOMAXPROCS %d",
+				t.Errorf("sizeRuntime(%d) with GOMAXPROCS %d: %d loops, GOMAXPROCS %d; want %d loops, GOMAXPROCS %d",
 					c.loops, c.procs, got, runtime.GOMAXPROCS(0), c.wantLoops, c.wantPs)
 			}
 		})
 	}
+}
+
+// Given a process with one P and no GOMAXPROCS in its environment, when a proxy with the
+// default event loops serves, then it runs one loop and the process two Ps, as its start log
+// says.
+func TestServeKeepsASpareP(t *testing.T) {
+	was := runtime.GOMAXPROCS(1)
+	t.Cleanup(func() { runtime.GOMAXPROCS(was) })
+	t.Setenv("GOMAXPROCS", "")
+	if err := os.Unsetenv("GOMAXPROCS"); err != nil {
+		t.Fatal(err)
+	}
+	_, _, logs := startProxy(t, []string{"127.0.0.1:1"}, func(c *Config) { c.EventLoops = 0 })
+	logs.waitFor(t, "event_loops=1 gomaxprocs=2")
 }

@@ -147,9 +147,7 @@ func (s *Server) Serve() error {
 		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
 		gnet.WithLogger(gnetLogger{s.log}),
 	}
-	if loops == 0 {
-		loops = runtime.GOMAXPROCS(0) // not gnet's one per CPU: under a CPU quota that is more loops than Ps
-	}
+	loops = sizeRuntime(loops)
 	s.loops = loops
 	opts = append(opts, gnet.WithNumEventLoop(loops))
 	if s.cfg.TLSListen != "" {

@@ -52,7 +52,6 @@ func run(args []string) int {
 		return 2
 	}
 	cfg.Logger = log
-	cfg.EventLoops = proxy.SizeRuntime(cfg.EventLoops)
 	if cfg.MemoryBudget > 0 && os.Getenv("GOMEMLIMIT") == "" {
 		// Half the budget bounds what connections hold (proxy.Config.MemoryBudget); the
 		// runtime's soft limit at the budget keeps the garbage of bursts (buffers freed, not

@@ -572,7 +572,6 @@ func serveChild(brokerAddr string) {
 	if n, _ := strconv.Atoi(os.Getenv("REBATCHPROXY_BENCH_EVENT_LOOPS")); n > 0 {
 		cfg.EventLoops = n // -proxy-env REBATCHPROXY_BENCH_EVENT_LOOPS=N
 	}
-	cfg.EventLoops = proxy.SizeRuntime(cfg.EventLoops) // as cmd/proxy does
 	srv, err := proxy.New(cfg)
 	if err != nil {
 		fail(err)
