@@ -111,7 +111,9 @@ func main() {
 		}
 		defer unpinBroker(brokerPID)
 		sig := make(chan os.Signal, 1)
-		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+		// SIGPIPE too: output piped into `head` would otherwise kill the bench with the broker
+		// still pinned (seen).
+		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGPIPE)
 		go func() { fail(fmt.Errorf("%v: stopped", <-sig)) }() // fail gives the broker its mask back
 	}
 	targets := []target{{name: "direct", url: *brokerURL}}

@@ -28,6 +28,7 @@ import (
 // pinned is set by -pin: the CPU sets, and the broker's mask before the bench changed it.
 var pinned struct {
 	on                bool
+	cpus              [2]int // the client's and the broker's CPU, the proxies' CPU
 	clientAndBroker   unix.CPUSet
 	proxies           unix.CPUSet
 	brokerWas         unix.CPUSet
@@ -56,6 +57,7 @@ func pinStart(brokerPID int) error {
 	if err := unix.SchedGetaffinity(brokerPID, &pinned.brokerWas); err != nil {
 		return fmt.Errorf("-pin: reading the broker's CPU mask (pid %d): %w", brokerPID, err)
 	}
+	pinned.cpus = [2]int{cpus[0], cpus[1]}
 	pinned.clientAndBroker.Set(cpus[0])
 	pinned.proxies.Set(cpus[1])
 	pinned.on = true
@@ -100,20 +102,7 @@ func pinDescription() string {
 	if !pinned.on {
 		return ""
 	}
-	return fmt.Sprintf("; pinned: broker and client on CPU %s, proxies on CPU %s", cpuList(&pinned.clientAndBroker), cpuList(&pinned.proxies))
-}
-
-func cpuList(s *unix.CPUSet) string {
-	out := ""
-	for c := 0; c < 1024; c++ {
-		if s.IsSet(c) {
-			if out != "" {
-				out += ","
-			}
-			out += strconv.Itoa(c)
-		}
-	}
-	return out
+	return fmt.Sprintf("; pinned: broker and client on CPU %d, proxies on CPU %d", pinned.cpus[0], pinned.cpus[1])
 }
 
 // setAffinity sets the CPU mask of every thread of process pid. A thread that exits meanwhile
